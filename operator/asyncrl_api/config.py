@@ -1,0 +1,62 @@
+"""The rendered job config: what every workload process reads from /etc/asyncrl/job.json.
+
+Written by ``asyncrl_operator.render`` into the ConfigMap ``<job>-config`` (key ``job.json``) and by
+the local runner (which rewrites ``endpoints`` to localhost addresses); read by the rollout and
+trainer entry points with ``JobConfig.model_validate_json`` (or ``load``). Pod identity (role,
+replica, ranks) comes from environment variables, never from this file.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pydantic
+
+from asyncrl_api import base, models
+
+CONFIGMAP_KEY = "job.json"
+MOUNT_DIR = "/etc/asyncrl"
+MOUNT_PATH = f"{MOUNT_DIR}/{CONFIGMAP_KEY}"
+
+DEFAULT_NATS_PORT = 4222
+DEFAULT_TORCH_MASTER_PORT = 29500
+DEFAULT_METRICS_PORT = 9400
+
+
+class Endpoints(base.APIModel):
+    """Where a job's processes find each other."""
+
+    nats_url: str = pydantic.Field(min_length=1)
+    """NATS server URL, e.g. nats://demo-nats.ns.svc:4222 (managed) or the external bus.nats.url."""
+    trainer_host: str = pydantic.Field(min_length=1)
+    """Stable DNS name of trainer rank 0 (its pod in the trainer headless Service): torch master and
+    weight-sync rendezvous (TCPStore) host."""
+    weight_sync_port: int = pydantic.Field(ge=1, le=65535)
+    """TCPStore port of the weight-sync group on trainer rank 0 (spec.weightSync.port)."""
+    torch_master_port: int = pydantic.Field(default=DEFAULT_TORCH_MASTER_PORT, ge=1, le=65535)
+    """MASTER_PORT of the trainer's own default process group."""
+    metrics_port: int = pydantic.Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535)
+    """Port every process serves /metrics on (ASYNCRL_METRICS_PORT overrides it locally)."""
+
+
+class JobConfig(base.APIModel):
+    """Everything a workload process needs besides its pod identity."""
+
+    name: str = pydantic.Field(min_length=1)
+    """Job name."""
+    namespace: str = pydantic.Field(min_length=1)
+    """Job namespace."""
+    spec: models.AsyncRLJobSpec
+    """The job's spec as the operator saw it (defaults filled in)."""
+    endpoints: Endpoints
+    """Addresses of the job's services."""
+
+
+def load(path: str | pathlib.Path = MOUNT_PATH) -> JobConfig:
+    """Read and validate a rendered config file."""
+    return JobConfig.model_validate_json(pathlib.Path(path).read_text(encoding="utf-8"))
+
+
+def dumps(config: JobConfig) -> str:
+    """The config as the ConfigMap holds it: camelCase JSON, sorted keys, no nulls."""
+    return config.model_dump_json(by_alias=True, exclude_none=True, indent=2)

@@ -1,0 +1,131 @@
+"""How a job's parts are wired: the trajectory bus, the weight-sync group, staleness and queue
+limits, scheduling, volumes and progress reporting.
+
+Imported by ``asyncrl_api.models`` (the spec tree), by the operator's renderer (NATS, ports,
+scheduler fields, volumes) and by the workloads (bus, weight sync, staleness filter, reporter).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from asyncrl_api import base
+
+DEFAULT_NATS_IMAGE = "nats:2.11-alpine"
+
+
+class QueueSpec(base.APIModel):
+    """The trajectory queue between rollouts and the trainer (a JetStream work-queue stream)."""
+
+    max_size: int = pydantic.Field(default=512, ge=1, le=10_000_000)
+    """Trajectories the queue holds at most (verl max_queue_size)."""
+    when_full: Literal["dropOldest", "block"] = "dropOldest"
+    """dropOldest: the stream discards its oldest trajectory (counted as dropped, reason queue_full);
+    block: publishers back off until the trainer consumes (counted as blocked time)."""
+
+
+class AsyncSpec(base.APIModel):
+    """How far generation may run ahead of training."""
+
+    max_staleness: int | None = pydantic.Field(default=None, ge=0, le=1024)
+    """Policy versions a sample may lag the trainer when consumed; older samples are dropped and
+    counted (reason stale). Unset = derived from mode: async 2, one-step-off 1, sync 0."""
+    sync_every_steps: int = pydantic.Field(default=1, ge=1, le=100_000)
+    """Trainer steps between weight broadcasts (verl trigger_parameter_sync_step)."""
+    require_batches: int = pydantic.Field(default=1, ge=1, le=1024)
+    """Mini-batches gathered from the queue before an update may start (verl require_batches)."""
+    queue: QueueSpec = pydantic.Field(default_factory=QueueSpec)
+    """Trajectory queue limits."""
+
+
+_NATS_RULES = (
+    base.Rule(
+        cel="self.managed != has(self.url)",
+        message="set either bus.nats.managed: true or bus.nats.url, not both and not neither",
+        field_path=".url",
+        check=lambda n: n.managed != (n.url is not None),
+    ),
+    base.Rule(
+        cel="self.managed || !has(self.storage)",
+        message="bus.nats.storage only applies to a managed NATS",
+        field_path=".storage",
+        check=lambda n: n.managed or n.storage is None,
+    ),
+)
+
+
+class NatsSpec(base.APIModel):
+    """NATS JetStream, managed by the operator (one small server per job) or external."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_NATS_RULES))
+
+    managed: bool = True
+    """True: the operator runs a NATS server for this job (JetStream on, file storage)."""
+    url: str | None = pydantic.Field(default=None, pattern=r"^(nats|tls)://", max_length=2048)
+    """External server URL, e.g. nats://nats.infra.svc:4222 (with managed: false)."""
+    credentials_secret: str | None = pydantic.Field(default=None, min_length=1, max_length=253)
+    """Secret with key `creds` (a NATS .creds file) for an external server."""
+    image: str = pydantic.Field(default=DEFAULT_NATS_IMAGE, min_length=1)
+    """Image of the managed NATS server."""
+    storage: str | None = pydantic.Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    """Size of a PersistentVolumeClaim for the managed server's JetStream store; unset = emptyDir
+    (trajectories in the queue survive NATS restarts only with a claim)."""
+
+
+class BusSpec(base.APIModel):
+    """The trajectory bus."""
+
+    nats: NatsSpec = pydantic.Field(default_factory=NatsSpec)
+    """NATS JetStream settings."""
+
+
+class WeightSyncSpec(base.APIModel):
+    """The weight-broadcast group (trainer rank 0 + every rollout engine worker)."""
+
+    backend: Literal["nccl", "gloo"] = "nccl"
+    """Collective backend: nccl for GPUs, gloo for CPU engines."""
+    port: int = pydantic.Field(default=29600, ge=1024, le=65535)
+    """TCPStore rendezvous port on trainer rank 0."""
+    timeout_seconds: int = pydantic.Field(default=120, ge=1, le=3600)
+    """Deadline for every collective: a broadcast never waits longer; late members are dropped."""
+    bucket_mb: int = pydantic.Field(default=512, alias="bucketMB", ge=1, le=65536)
+    """Size of the flattened buckets weights are broadcast in."""
+
+
+class SchedulingSpec(base.APIModel):
+    """How pods are placed."""
+
+    gang: bool = True
+    """Schedule the trainer all-or-nothing: with a gang scheduler (schedulerName) a pod group is
+    declared; with the default scheduler all trainer pods are created in parallel and a failed one
+    restarts the whole gang."""
+    scheduler_name: str | None = pydantic.Field(default=None, min_length=1, max_length=253)
+    """Scheduler for both roles, e.g. volcano; unset = the default scheduler."""
+    queue_name: str | None = pydantic.Field(default=None, min_length=1, max_length=63)
+    """Queue for a batch admission system (sets the kueue.x-k8s.io/queue-name label)."""
+    priority_class_name: str | None = pydantic.Field(default=None, min_length=1, max_length=253)
+    """PriorityClass of every pod."""
+
+
+class VolumeSpec(base.APIModel):
+    """An existing PersistentVolumeClaim mounted into every pod of both roles (models, data, checkpoints)."""
+
+    name: str = pydantic.Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Volume name inside the pod."""
+    claim_name: str = pydantic.Field(min_length=1, max_length=253)
+    """PersistentVolumeClaim name in the job's namespace (ReadWriteMany for multi-node checkpoints)."""
+    mount_path: str = pydantic.Field(min_length=2, max_length=4096, pattern=r"^/")
+    """Where it is mounted."""
+    read_only: bool = False
+    """Mount read-only."""
+
+
+class ProgressSpec(base.APIModel):
+    """How the trainer reports progress into status.progress, and when a job counts as stalled."""
+
+    report_interval_seconds: int = pydantic.Field(default=5, ge=1, le=3600)
+    """Trainer rank 0 patches status.progress at most this often."""
+    stalled_after_seconds: int = pydantic.Field(default=900, ge=10, le=604_800)
+    """Condition Stalled becomes True when the step has not advanced for this long while Running."""

@@ -1,0 +1,192 @@
+"""The AsyncRLJob API (asyncrl.dev/v1alpha1): the spec tree, the object, and the names of its parts.
+
+The single source of truth: ``asyncrl_operator.crdgen`` turns these models into the CRD schema,
+``asyncrl_operator.render`` turns a job into Kubernetes objects and the ConfigMap, and the workloads
+parse their config (``asyncrl_api.config.JobConfig``) with the same models. Sub-models live in
+``roles`` (rollout, trainer), ``task`` (model, data, reward, teacher, agent), ``infra`` (bus, weight
+sync, async limits, scheduling, volumes, progress) and ``status``; they are re-exported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+
+from asyncrl_api import base, infra, roles, status, task
+
+GROUP = "asyncrl.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "AsyncRLJob"
+PLURAL = "asyncrljobs"
+SINGULAR = "asyncrljob"
+SHORT_NAMES = ("arj",)
+MAX_NAME_LENGTH = 40
+"""Longest job name accepted (a root CEL rule in the CRD; the handler checks it too). Keeps every
+child name, pod name and controller-revision-hash label within 63 characters."""
+
+Mode = Literal["async", "one-step-off", "sync"]
+DEFAULT_MAX_STALENESS: dict[str, int] = {"async": 2, "one-step-off": 1, "sync": 0}
+
+# Re-exports so callers can say models.RolloutSpec.
+Toleration = roles.Toleration
+Resources = roles.Resources
+EngineSpec = roles.EngineSpec
+SamplingSpec = roles.SamplingSpec
+RolloutSpec = roles.RolloutSpec
+Parallelism = roles.Parallelism
+AlgorithmSpec = roles.AlgorithmSpec
+OptimizerSpec = roles.OptimizerSpec
+BatchSpec = roles.BatchSpec
+CheckpointSpec = roles.CheckpointSpec
+TrainerSpec = roles.TrainerSpec
+TinyModelSpec = task.TinyModelSpec
+ModelSpec = task.ModelSpec
+DataSpec = task.DataSpec
+SecretKeyRef = task.SecretKeyRef
+EndpointSpec = task.EndpointSpec
+RateLimit = task.RateLimit
+RewardSpec = task.RewardSpec
+TeacherSpec = task.TeacherSpec
+AgentSpec = task.AgentSpec
+QueueSpec = infra.QueueSpec
+AsyncSpec = infra.AsyncSpec
+NatsSpec = infra.NatsSpec
+BusSpec = infra.BusSpec
+WeightSyncSpec = infra.WeightSyncSpec
+SchedulingSpec = infra.SchedulingSpec
+VolumeSpec = infra.VolumeSpec
+ProgressSpec = infra.ProgressSpec
+Condition = status.Condition
+RoleStatus = status.RoleStatus
+Progress = status.Progress
+Staleness = status.Staleness
+Restarts = status.Restarts
+AsyncRLJobStatus = status.AsyncRLJobStatus
+
+_SPEC_RULES = (
+    base.Rule(
+        cel="self.mode != 'one-step-off' || !has(self.async.maxStaleness) || self.async.maxStaleness == 1",
+        message="mode one-step-off means async.maxStaleness 1 (leave it unset)",
+        field_path=".async.maxStaleness",
+        check=lambda s: s.mode != "one-step-off" or s.async_.max_staleness in (None, 1),
+    ),
+    base.Rule(
+        cel="self.mode != 'sync' || !has(self.async.maxStaleness) || self.async.maxStaleness == 0",
+        message="mode sync means async.maxStaleness 0 (leave it unset)",
+        field_path=".async.maxStaleness",
+        check=lambda s: s.mode != "sync" or s.async_.max_staleness in (None, 0),
+    ),
+    base.Rule(
+        cel="self.reward.type != 'function' || has(self.reward.function) || self.data.prompts.startsWith('builtin:')",
+        message="reward.type function needs reward.function unless data.prompts is builtin:<task>",
+        field_path=".reward.function",
+        check=lambda s: s.reward.type != "function"
+        or s.reward.function is not None
+        or s.data.prompts.startswith("builtin:"),
+    ),
+    base.Rule(
+        cel="(self.rollout.gpusPerReplica == 0 && self.trainer.gpusPerReplica == 0) || self.weightSync.backend == 'nccl'",
+        message="weightSync.backend gloo is for CPU-only jobs; jobs with GPUs use nccl",
+        field_path=".weightSync.backend",
+        check=lambda s: (s.rollout.gpus_per_replica == 0 and s.trainer.gpus_per_replica == 0)
+        or s.weight_sync.backend == "nccl",
+    ),
+    base.Rule(
+        cel="self.rollout.sampling.maxTokens < self.rollout.engine.maxModelLen",
+        message="rollout.sampling.maxTokens must be below rollout.engine.maxModelLen (room for the prompt)",
+        field_path=".rollout.sampling.maxTokens",
+        check=lambda s: s.rollout.sampling.max_tokens < s.rollout.engine.max_model_len,
+    ),
+)
+
+
+class AsyncRLJobSpec(base.APIModel):
+    """A fully asynchronous RL job: rollout replicas generate with vLLM while a trainer gang updates the
+    policy; trajectories flow over a NATS JetStream queue, weights over a dedicated broadcast group."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_SPEC_RULES))
+
+    model: task.ModelSpec
+    """The policy model."""
+    mode: Mode = "async"
+    """async: generation never waits for training (bounded by async.maxStaleness); one-step-off:
+    generation runs one version ahead (maxStaleness 1); sync: generation waits for each update and the
+    trainer waits for each batch (maxStaleness 0) - the baseline async is measured against."""
+    rollout: roles.RolloutSpec = pydantic.Field(default_factory=roles.RolloutSpec)
+    """The rollout role."""
+    trainer: roles.TrainerSpec = pydantic.Field(default_factory=roles.TrainerSpec)
+    """The trainer role."""
+    async_: infra.AsyncSpec = pydantic.Field(default_factory=infra.AsyncSpec, alias="async")
+    """Staleness bound, sync cadence and queue limits."""
+    bus: infra.BusSpec = pydantic.Field(default_factory=infra.BusSpec)
+    """Trajectory bus."""
+    weight_sync: infra.WeightSyncSpec = pydantic.Field(default_factory=infra.WeightSyncSpec)
+    """Weight-broadcast group."""
+    data: task.DataSpec
+    """Prompts."""
+    reward: task.RewardSpec = pydantic.Field(default_factory=task.RewardSpec)
+    """Reward."""
+    teacher: task.TeacherSpec | None = None
+    """Optional teacher (distillation)."""
+    agent: task.AgentSpec | None = None
+    """Optional multi-turn agent loop."""
+    max_steps: int | None = pydantic.Field(default=None, ge=1, le=100_000_000)
+    """Trainer steps after which the job Succeeded; unset = run until deleted."""
+    suspend: bool = False
+    """True scales both roles to zero (volumes and the bus are kept); false resumes from the checkpoint."""
+    ttl_seconds_after_finished: int | None = pydantic.Field(default=None, ge=0, le=31_536_000)
+    """Delete the job this long after it Succeeded or Failed; unset = keep it."""
+    scheduling: infra.SchedulingSpec = pydantic.Field(default_factory=infra.SchedulingSpec)
+    """Pod placement."""
+    volumes: list[infra.VolumeSpec] = pydantic.Field(default_factory=list, max_length=16)
+    """Existing claims mounted into every pod (models, data, checkpoints)."""
+    progress: infra.ProgressSpec = pydantic.Field(default_factory=infra.ProgressSpec)
+    """Progress reporting and stall detection."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> AsyncRLJobSpec:
+        base.check_rules(self, _SPEC_RULES)
+        return self
+
+    def max_staleness(self) -> int:
+        """The staleness bound in force: async.maxStaleness, or the mode's default when unset."""
+        if self.async_.max_staleness is not None:
+            return self.async_.max_staleness
+        return DEFAULT_MAX_STALENESS[self.mode]
+
+
+class ObjectMeta(pydantic.BaseModel):
+    """The metadata fields asyncrl reads (all others are ignored)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    annotations: dict[str, str] = pydantic.Field(default_factory=dict)
+    creation_timestamp: str | None = pydantic.Field(default=None, alias="creationTimestamp")
+    deletion_timestamp: str | None = pydantic.Field(default=None, alias="deletionTimestamp")
+
+
+class AsyncRLJob(base.APIModel):
+    """An AsyncRLJob object as stored by the apiserver."""
+
+    api_version: Literal["asyncrl.dev/v1alpha1"] = "asyncrl.dev/v1alpha1"
+    """API version."""
+    kind: Literal["AsyncRLJob"] = "AsyncRLJob"
+    """Kind."""
+    metadata: ObjectMeta
+    """Object metadata."""
+    spec: AsyncRLJobSpec
+    """Desired state."""
+    status: AsyncRLJobStatus = pydantic.Field(default_factory=AsyncRLJobStatus)
+    """Observed state."""
+
+    @classmethod
+    def from_body(cls, body: Any) -> AsyncRLJob:
+        """Parse a job as read from the API (a dict or kopf body)."""
+        return cls.model_validate(dict(body))

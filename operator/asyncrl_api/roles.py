@@ -1,0 +1,242 @@
+"""The two roles of an AsyncRLJob: rollout (vLLM generation) and trainer (policy updates).
+
+Imported by ``asyncrl_api.models`` (the spec tree), by the operator's renderer (replicas, GPUs,
+images, scheduling knobs) and by the workloads (engine, sampling, algorithm, optimizer, batch).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import pydantic
+
+from asyncrl_api import base
+
+Quantity = int | str
+"""A Kubernetes resource quantity ("4", 4, "16Gi"); rendered as int-or-string in the CRD."""
+
+DEFAULT_ROLLOUT_IMAGE = "ghcr.io/asyncrl/rollout:0.1.0"
+DEFAULT_TRAINER_IMAGE = "ghcr.io/asyncrl/trainer:0.1.0"
+
+
+class Toleration(base.APIModel):
+    """A pod toleration (same fields as Kubernetes' core/v1 Toleration)."""
+
+    key: str | None = None
+    """Taint key the toleration applies to; empty with operator Exists matches every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists matches any value; Equal requires ``value`` to match."""
+    value: str | None = None
+    """Taint value to match when operator is Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all effects."""
+    toleration_seconds: int | None = pydantic.Field(default=None, ge=0)
+    """For NoExecute: how long the pod stays bound after the taint appears; unset = forever."""
+
+
+class Resources(base.APIModel):
+    """Extra container resources on top of the GPUs the role asks for (cpu, memory, ...)."""
+
+    requests: dict[str, Quantity] = pydantic.Field(default_factory=dict)
+    """Resource requests, e.g. {cpu: 8, memory: 64Gi}. GPUs come from gpusPerReplica, not from here."""
+    limits: dict[str, Quantity] = pydantic.Field(default_factory=dict)
+    """Resource limits, e.g. {memory: 64Gi}."""
+
+
+class EngineSpec(base.APIModel):
+    """The inference engine each rollout replica runs."""
+
+    name: Literal["vllm"] = "vllm"
+    """Engine implementation. Only vLLM today (pinned minor version, see docs/vllm-weight-sync)."""
+    max_model_len: int = pydantic.Field(default=8192, ge=16, le=1_048_576)
+    """Context length (prompt + response tokens) the engine reserves KV cache for."""
+    gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0.0, le=1.0)
+    """Fraction of each GPU's memory vLLM may use for weights + KV cache."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (slower, but starts faster and uses less memory). Always on for CPU engines."""
+    args: dict[str, str | int | float | bool] = pydantic.Field(default_factory=dict)
+    """Extra vLLM engine arguments by their Python name (e.g. {max_num_seqs: 256}); passed through."""
+
+
+class SamplingSpec(base.APIModel):
+    """How rollouts sample responses."""
+
+    temperature: float = pydantic.Field(default=1.0, ge=0.0, le=10.0)
+    """Sampling temperature. RL needs exploration: keep it near 1.0."""
+    top_p: float = pydantic.Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass. 1.0 keeps behaviour logprobs exact for off-policy correction."""
+    max_tokens: int = pydantic.Field(default=2048, ge=1, le=1_048_576)
+    """Maximum response tokens per sample."""
+    n: int = pydantic.Field(default=8, ge=1, le=1024)
+    """Samples per prompt: the group size GRPO normalises advantages over."""
+
+
+class RolloutSpec(base.APIModel):
+    """The rollout role: a StatefulSet of vLLM replicas generating trajectories. Scalable via /scale."""
+
+    replicas: int = pydantic.Field(default=1, ge=0, le=1024)
+    """Rollout replicas (one vLLM engine each). The target of `kubectl scale asyncrljob/x --replicas=N`;
+    changing it never restarts the trainer. New replicas join weight sync at the next policy version."""
+    gpus_per_replica: int = pydantic.Field(default=1, ge=0, le=64)
+    """nvidia.com/gpu per rollout pod (= vLLM tensor-parallel size). 0 runs the CPU engine."""
+    image: str = pydantic.Field(default=DEFAULT_ROLLOUT_IMAGE, min_length=1)
+    """Container image with vLLM and asyncrl's rollout entry point (`asyncrl-rollout`)."""
+    engine: EngineSpec = pydantic.Field(default_factory=EngineSpec)
+    """Inference engine settings."""
+    sampling: SamplingSpec = pydantic.Field(default_factory=SamplingSpec)
+    """Sampling settings."""
+    partial_rollout: bool = True
+    """On a weight update, interrupt in-flight requests, keep their prefix and continue under the new
+    weights (tokens then carry several policy versions). False lets in-flight requests finish first."""
+    max_inflight_prompts: int = pydantic.Field(default=16, ge=1, le=65536)
+    """Prompts each replica keeps in flight at once (each expands to sampling.n requests)."""
+    resources: Resources = pydantic.Field(default_factory=Resources)
+    """Extra resources (cpu, memory) per rollout pod."""
+    node_selector: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Node labels rollout pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
+    tolerations: list[Toleration] = pydantic.Field(default_factory=list, max_length=32)
+    """Tolerations for rollout pods."""
+
+
+class Parallelism(base.APIModel):
+    """Model parallelism of the trainer. Data parallelism is derived: dp = total GPUs / (tp*pp*cp)."""
+
+    tp: int = pydantic.Field(default=1, ge=1, le=64)
+    """Tensor parallel size (within a node)."""
+    pp: int = pydantic.Field(default=1, ge=1, le=64)
+    """Pipeline parallel size (megatron only)."""
+    cp: int = pydantic.Field(default=1, ge=1, le=64)
+    """Context parallel size."""
+    ep: int = pydantic.Field(default=1, ge=1, le=256)
+    """Expert parallel size for MoE models (megatron only)."""
+
+
+class AlgorithmSpec(base.APIModel):
+    """The policy-gradient objective and its off-policy correction."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    """grpo: group-normalised advantages (no critic); ppo: PPO-clip on per-sample advantages."""
+    clip_low: float = pydantic.Field(default=0.2, ge=0.0, le=1.0)
+    """Lower clip range: the ratio is clipped at 1 - clipLow."""
+    clip_high: float = pydantic.Field(default=0.28, ge=0.0, le=10.0)
+    """Upper clip range: the ratio is clipped at 1 + clipHigh (DAPO's clip-higher when > clipLow)."""
+    kl: float = pydantic.Field(default=0.0, ge=0.0, le=10.0)
+    """Coefficient of the KL penalty to the reference (initial) policy; 0 disables it."""
+    correction: Literal["decoupled", "tis", "none"] = "decoupled"
+    """Off-policy correction for stale samples: decoupled PPO (proximal policy = trainer's policy
+    before the update, behaviour logprobs from the rollout), truncated importance sampling, or none."""
+    is_cap: float = pydantic.Field(default=2.0, ge=1.0, le=100.0)
+    """Cap on the behaviour importance weight (tis and decoupled)."""
+
+
+class OptimizerSpec(base.APIModel):
+    """AdamW settings."""
+
+    name: Literal["adamw"] = "adamw"
+    """Optimizer."""
+    lr: float = pydantic.Field(default=1e-6, gt=0.0, le=1.0)
+    """Learning rate."""
+    weight_decay: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
+    """Decoupled weight decay."""
+    grad_clip: float = pydantic.Field(default=1.0, gt=0.0, le=1e6)
+    """Max global gradient norm."""
+    warmup_steps: int = pydantic.Field(default=0, ge=0, le=1_000_000)
+    """Linear learning-rate warmup steps."""
+
+
+class BatchSpec(base.APIModel):
+    """What one trainer step consumes."""
+
+    prompts: int = pydantic.Field(default=64, ge=1, le=1_000_000)
+    """Prompt groups per step (each group holds sampling.n trajectories)."""
+    mini_batches: int = pydantic.Field(default=4, ge=1, le=4096)
+    """Optimizer updates per step: the step's batch is split into this many mini-batches."""
+
+
+class CheckpointSpec(base.APIModel):
+    """Trainer checkpoints, used to resume after a gang restart."""
+
+    path: str = pydantic.Field(default="/checkpoints", min_length=1)
+    """Directory for checkpoints (put it on a volume from spec.volumes to survive pod restarts)."""
+    every_steps: int = pydantic.Field(default=50, ge=0, le=1_000_000)
+    """Save every N steps; 0 disables checkpointing."""
+    keep: int = pydantic.Field(default=2, ge=1, le=1000)
+    """How many recent checkpoints to keep."""
+
+
+_TRAINER_RULES = (
+    base.Rule(
+        cel="self.gpusPerReplica == 0 || self.gpusPerReplica % (self.parallelism.tp * self.parallelism.cp) == 0",
+        message="parallelism.tp * parallelism.cp must divide gpusPerReplica",
+        field_path=".parallelism.tp",
+        check=lambda t: t.gpus_per_replica == 0
+        or t.gpus_per_replica % (t.parallelism.tp * t.parallelism.cp) == 0,
+    ),
+    base.Rule(
+        cel="(self.replicas * (self.gpusPerReplica == 0 ? 1 : self.gpusPerReplica)) % "
+        "(self.parallelism.tp * self.parallelism.pp * self.parallelism.cp) == 0",
+        message="tp * pp * cp must divide the trainer's total GPUs (replicas * gpusPerReplica)",
+        field_path=".parallelism",
+        check=lambda t: (t.replicas * max(t.gpus_per_replica, 1))
+        % (t.parallelism.tp * t.parallelism.pp * t.parallelism.cp)
+        == 0,
+    ),
+    base.Rule(
+        cel="self.backend == 'megatron' || (self.parallelism.pp == 1 && self.parallelism.ep == 1)",
+        message="pipeline (pp) and expert (ep) parallelism need backend megatron",
+        field_path=".parallelism",
+        check=lambda t: t.backend == "megatron" or (t.parallelism.pp == 1 and t.parallelism.ep == 1),
+    ),
+    base.Rule(
+        cel="self.batch.prompts >= self.batch.miniBatches",
+        message="batch.miniBatches may not exceed batch.prompts",
+        field_path=".batch.miniBatches",
+        check=lambda t: t.batch.prompts >= t.batch.mini_batches,
+    ),
+)
+
+
+class TrainerSpec(base.APIModel):
+    """The trainer role: a gang of pods (one per node) running torchrun-style distributed training."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_TRAINER_RULES))
+
+    replicas: int = pydantic.Field(default=1, ge=1, le=1024)
+    """Trainer pods (= nodes). They form one gang: if one fails, all are recreated from the checkpoint."""
+    gpus_per_replica: int = pydantic.Field(default=8, ge=0, le=64)
+    """nvidia.com/gpu per trainer pod (= processes per node). 0 trains on CPU with gloo (one process)."""
+    image: str = pydantic.Field(default=DEFAULT_TRAINER_IMAGE, min_length=1)
+    """Container image with torch and asyncrl's trainer entry point (`asyncrl-trainer`)."""
+    backend: Annotated[Literal["fsdp2", "megatron"], pydantic.Field(json_schema_extra=base.immutable("trainer.backend"))] = (
+        "fsdp2"
+    )
+    """Training backend: fsdp2 (torch FSDP2) or megatron (megatron-core). Immutable."""
+    parallelism: Parallelism = pydantic.Field(default_factory=Parallelism)
+    """Model parallelism; dp is derived."""
+    algorithm: AlgorithmSpec = pydantic.Field(default_factory=AlgorithmSpec)
+    """Objective and off-policy correction."""
+    optimizer: OptimizerSpec = pydantic.Field(default_factory=OptimizerSpec)
+    """Optimizer settings."""
+    batch: BatchSpec = pydantic.Field(default_factory=BatchSpec)
+    """Batch per step."""
+    checkpoint: CheckpointSpec = pydantic.Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+    resources: Resources = pydantic.Field(default_factory=Resources)
+    """Extra resources (cpu, memory) per trainer pod."""
+    node_selector: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Node labels trainer pods must match."""
+    tolerations: list[Toleration] = pydantic.Field(default_factory=list, max_length=32)
+    """Tolerations for trainer pods."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> TrainerSpec:
+        base.check_rules(self, _TRAINER_RULES)
+        return self
+
+    def nproc_per_node(self) -> int:
+        """Processes per trainer pod: one per GPU, or one on CPU."""
+        return max(self.gpus_per_replica, 1)
+
+    def world_size(self) -> int:
+        """Processes in the trainer's default process group."""
+        return self.replicas * self.nproc_per_node()

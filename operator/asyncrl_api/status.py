@@ -1,0 +1,143 @@
+"""The AsyncRLJob status: phase, conditions, per-role replicas and restarts, training progress.
+
+Imported by ``asyncrl_api.models``. The operator writes everything except ``progress`` (its status
+module computes it from observed children); trainer rank 0 writes only ``progress`` through the
+status subresource under its own field manager, with the per-job ServiceAccount.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from asyncrl_api import base
+
+Phase = Literal["Pending", "Starting", "Running", "Suspended", "Restarting", "Succeeded", "Failed"]
+PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Suspended", "Restarting", "Succeeded", "Failed")
+FINISHED_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")
+
+ConditionType = Literal[
+    "Ready",
+    "RolloutReady",
+    "TrainerReady",
+    "BusReady",
+    "WeightSyncReady",
+    "Progressing",
+    "Stalled",
+    "Degraded",
+    "InvalidSpec",
+]
+CONDITION_TYPES: tuple[ConditionType, ...] = (
+    "Ready",
+    "RolloutReady",
+    "TrainerReady",
+    "BusReady",
+    "WeightSyncReady",
+    "Progressing",
+    "Stalled",
+    "Degraded",
+    "InvalidSpec",
+)
+
+
+class Condition(base.APIModel):
+    """One condition, in the Kubernetes style."""
+
+    type: ConditionType
+    """What the condition is about."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether it holds."""
+    reason: str = pydantic.Field(default="", max_length=1024)
+    """A CamelCase machine-readable reason."""
+    message: str = pydantic.Field(default="", max_length=32768)
+    """A human-readable explanation."""
+    last_transition_time: str | None = None
+    """RFC 3339 time the status last changed."""
+    observed_generation: int | None = None
+    """The spec generation the condition was computed for."""
+
+
+class RoleStatus(base.APIModel):
+    """Replica counts of one role."""
+
+    replicas: int = 0
+    """Desired replicas (0 while suspended)."""
+    ready_replicas: int = 0
+    """Pods Ready."""
+    ready: str = "0/0"
+    """"ready/desired", for printer columns."""
+    selector: str | None = None
+    """Label selector of the role's pods (for the scale subresource / HPA)."""
+
+
+class Staleness(base.APIModel):
+    """Staleness (policy versions behind the trainer) of consumed samples, over the recent window."""
+
+    p50: float = 0.0
+    """Median staleness."""
+    max: int = 0
+    """Largest staleness consumed (never above the job's maxStaleness)."""
+
+
+class Progress(base.APIModel):
+    """Training progress, reported by trainer rank 0 (throttled, see spec.progress)."""
+
+    step: int = pydantic.Field(default=0, ge=0)
+    """Trainer steps completed."""
+    step_time: str | None = None
+    """RFC 3339 time the trainer reached `step` (drives the Stalled condition)."""
+    param_version: int = pydantic.Field(default=0, ge=0)
+    """Policy version last broadcast to rollouts."""
+    last_sync_time: str | None = None
+    """RFC 3339 time of the last weight broadcast."""
+    samples_consumed: int = pydantic.Field(default=0, ge=0)
+    """Trajectories trained on."""
+    staleness: Staleness = pydantic.Field(default_factory=Staleness)
+    """Staleness of recently consumed samples."""
+    queue_depth: int = pydantic.Field(default=0, ge=0)
+    """Trajectories waiting in the bus."""
+    reward_mean: float | None = None
+    """Mean reward of the last step's samples."""
+    last_update_time: str | None = None
+    """RFC 3339 time of this report."""
+
+
+class Restarts(base.APIModel):
+    """Restarts the operator performed, per role."""
+
+    trainer: int = 0
+    """Trainer gang restarts (every trainer pod recreated)."""
+    rollout: int = 0
+    """Rollout pods replaced after a failure."""
+
+
+class AsyncRLJobStatus(base.APIModel):
+    """What the job is doing."""
+
+    phase: Phase = "Pending"
+    """Pending, Starting, Running, Suspended, Restarting, Succeeded or Failed."""
+    message: str = ""
+    """Why the job is in this phase."""
+    conditions: list[Condition] = pydantic.Field(default_factory=list)
+    """Ready, RolloutReady, TrainerReady, BusReady, WeightSyncReady, Progressing, Stalled, Degraded, InvalidSpec."""
+    observed_generation: int = 0
+    """The spec generation the operator last reconciled."""
+    rollout: RoleStatus = pydantic.Field(default_factory=RoleStatus)
+    """Rollout replicas."""
+    trainer: RoleStatus = pydantic.Field(default_factory=RoleStatus)
+    """Trainer replicas."""
+    restarts: Restarts = pydantic.Field(default_factory=Restarts)
+    """Restarts per role."""
+    progress: Progress | None = None
+    """Training progress (written by trainer rank 0)."""
+    config_hash: str | None = None
+    """Hash of the rendered job config the pods run with."""
+    start_time: str | None = None
+    """RFC 3339 time the job first became Running."""
+    completion_time: str | None = None
+    """RFC 3339 time the job reached Succeeded or Failed (ttlSecondsAfterFinished counts from here)."""
+
+    def condition(self, type_: ConditionType) -> Condition | None:
+        """The condition of that type, if present."""
+        return next((c for c in self.conditions if c.type == type_), None)

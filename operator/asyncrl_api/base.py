@@ -18,7 +18,7 @@ import pydantic.alias_generators
 
 
 class APIModel(pydantic.BaseModel):
-    """camelCase in YAML/JSON, snake_case in Python, unknown fields rejected, docstrings become descriptions."""
+    """camelCase in YAML/JSON, snake_case in Python, unknown fields rejected, docstrings as descriptions."""
 
     model_config = pydantic.ConfigDict(
         extra="forbid",

@@ -79,19 +79,25 @@ _SPEC_RULES = (
         check=lambda s: s.mode != "sync" or s.async_.max_staleness in (None, 0),
     ),
     base.Rule(
-        cel="self.reward.type != 'function' || has(self.reward.function) || self.data.prompts.startsWith('builtin:')",
+        cel="self.reward.type != 'function' || has(self.reward.function)"
+        " || self.data.prompts.startsWith('builtin:')",
         message="reward.type function needs reward.function unless data.prompts is builtin:<task>",
         field_path=".reward.function",
-        check=lambda s: s.reward.type != "function"
-        or s.reward.function is not None
-        or s.data.prompts.startswith("builtin:"),
+        check=lambda s: (
+            s.reward.type != "function"
+            or s.reward.function is not None
+            or s.data.prompts.startswith("builtin:")
+        ),
     ),
     base.Rule(
-        cel="(self.rollout.gpusPerReplica == 0 && self.trainer.gpusPerReplica == 0) || self.weightSync.backend == 'nccl'",
+        cel="(self.rollout.gpusPerReplica == 0 && self.trainer.gpusPerReplica == 0)"
+        " || self.weightSync.backend == 'nccl'",
         message="weightSync.backend gloo is for CPU-only jobs; jobs with GPUs use nccl",
         field_path=".weightSync.backend",
-        check=lambda s: (s.rollout.gpus_per_replica == 0 and s.trainer.gpus_per_replica == 0)
-        or s.weight_sync.backend == "nccl",
+        check=lambda s: (
+            (s.rollout.gpus_per_replica == 0 and s.trainer.gpus_per_replica == 0)
+            or s.weight_sync.backend == "nccl"
+        ),
     ),
     base.Rule(
         cel="self.rollout.sampling.maxTokens < self.rollout.engine.maxModelLen",

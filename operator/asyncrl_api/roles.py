@@ -166,20 +166,24 @@ class CheckpointSpec(base.APIModel):
 
 _TRAINER_RULES = (
     base.Rule(
-        cel="self.gpusPerReplica == 0 || self.gpusPerReplica % (self.parallelism.tp * self.parallelism.cp) == 0",
+        cel="self.gpusPerReplica == 0"
+        " || self.gpusPerReplica % (self.parallelism.tp * self.parallelism.cp) == 0",
         message="parallelism.tp * parallelism.cp must divide gpusPerReplica",
         field_path=".parallelism.tp",
-        check=lambda t: t.gpus_per_replica == 0
-        or t.gpus_per_replica % (t.parallelism.tp * t.parallelism.cp) == 0,
+        check=lambda t: (
+            t.gpus_per_replica == 0 or t.gpus_per_replica % (t.parallelism.tp * t.parallelism.cp) == 0
+        ),
     ),
     base.Rule(
         cel="(self.replicas * (self.gpusPerReplica == 0 ? 1 : self.gpusPerReplica)) % "
         "(self.parallelism.tp * self.parallelism.pp * self.parallelism.cp) == 0",
         message="tp * pp * cp must divide the trainer's total GPUs (replicas * gpusPerReplica)",
         field_path=".parallelism",
-        check=lambda t: (t.replicas * max(t.gpus_per_replica, 1))
-        % (t.parallelism.tp * t.parallelism.pp * t.parallelism.cp)
-        == 0,
+        check=lambda t: (
+            (t.replicas * max(t.gpus_per_replica, 1))
+            % (t.parallelism.tp * t.parallelism.pp * t.parallelism.cp)
+            == 0
+        ),
     ),
     base.Rule(
         cel="self.backend == 'megatron' || (self.parallelism.pp == 1 && self.parallelism.ep == 1)",
@@ -207,9 +211,9 @@ class TrainerSpec(base.APIModel):
     """nvidia.com/gpu per trainer pod (= processes per node). 0 trains on CPU with gloo (one process)."""
     image: str = pydantic.Field(default=DEFAULT_TRAINER_IMAGE, min_length=1)
     """Container image with torch and asyncrl's trainer entry point (`asyncrl-trainer`)."""
-    backend: Annotated[Literal["fsdp2", "megatron"], pydantic.Field(json_schema_extra=base.immutable("trainer.backend"))] = (
-        "fsdp2"
-    )
+    backend: Annotated[
+        Literal["fsdp2", "megatron"], pydantic.Field(json_schema_extra=base.immutable("trainer.backend"))
+    ] = "fsdp2"
     """Training backend: fsdp2 (torch FSDP2) or megatron (megatron-core). Immutable."""
     parallelism: Parallelism = pydantic.Field(default_factory=Parallelism)
     """Model parallelism; dp is derived."""

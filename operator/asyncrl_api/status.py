@@ -14,7 +14,15 @@ import pydantic
 from asyncrl_api import base
 
 Phase = Literal["Pending", "Starting", "Running", "Suspended", "Restarting", "Succeeded", "Failed"]
-PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Suspended", "Restarting", "Succeeded", "Failed")
+PHASES: tuple[Phase, ...] = (
+    "Pending",
+    "Starting",
+    "Running",
+    "Suspended",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+)
 FINISHED_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")
 
 ConditionType = Literal[
@@ -120,7 +128,8 @@ class AsyncRLJobStatus(base.APIModel):
     message: str = ""
     """Why the job is in this phase."""
     conditions: list[Condition] = pydantic.Field(default_factory=list)
-    """Ready, RolloutReady, TrainerReady, BusReady, WeightSyncReady, Progressing, Stalled, Degraded, InvalidSpec."""
+    """Ready, RolloutReady, TrainerReady, BusReady, WeightSyncReady, Progressing, Stalled, Degraded,
+    InvalidSpec."""
     observed_generation: int = 0
     """The spec generation the operator last reconciled."""
     rollout: RoleStatus = pydantic.Field(default_factory=RoleStatus)

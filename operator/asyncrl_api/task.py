@@ -54,7 +54,9 @@ class TinyModelSpec(base.APIModel):
 class ModelSpec(base.APIModel):
     """The policy model. Never downloaded at run time: a path on a volume or baked into the image."""
 
-    path: Annotated[str, pydantic.Field(min_length=1, max_length=4096, json_schema_extra=base.immutable("model.path"))]
+    path: Annotated[
+        str, pydantic.Field(min_length=1, max_length=4096, json_schema_extra=base.immutable("model.path"))
+    ]
     """Directory of a Hugging Face-format model (config, weights, tokenizer). Immutable."""
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
     """Weight and compute dtype for both roles (CPU runs use float32)."""

@@ -1,0 +1,198 @@
+"""Generate the AsyncRLJob CustomResourceDefinition from the pydantic models.
+
+Run as ``python -m asyncrl_operator.crdgen`` (writes ``crds/asyncrl.dev_asyncrljobs.yaml``; ``--check``
+exits 1 when the committed file differs). The drift unit test calls ``build_crd``; the helm chart copies
+the file. Pydantic's JSON schema becomes a Kubernetes *structural* schema: ``$ref`` inlined,
+``Optional`` turned into an omittable field, ``int | str`` into ``x-kubernetes-int-or-string``,
+JSON-Schema 2020 bounds into OpenAPI 3.0 ones, sub-object defaults into ``default: {}`` (so the apiserver
+fills in every default and ``kubectl get -o yaml`` shows the whole job), and the models' CEL rules kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pathlib
+import sys
+from typing import Any
+
+import pydantic
+import yaml
+from asyncrl_api import models
+
+OUTPUT = pathlib.Path("crds") / f"{models.GROUP}_{models.PLURAL}.yaml"
+_DROP_KEYS = ("title", "additionalProperties", "$defs")
+_SCALARS = {"string", "integer", "number", "boolean"}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Policy-Ver", "type": "integer", "jsonPath": ".status.progress.paramVersion"},
+    {
+        "name": "Lag",
+        "type": "integer",
+        "jsonPath": ".status.progress.staleness.max",
+        "description": "Largest staleness (policy versions) among recently consumed samples",
+    },
+    {
+        "name": "Queue",
+        "type": "integer",
+        "jsonPath": ".status.progress.queueDepth",
+        "description": "Trajectories waiting in the bus",
+    },
+    {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.ready"},
+    {"name": "Trainer", "type": "string", "jsonPath": ".status.trainer.ready"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+NAME_RULE = {
+    "rule": f"size(self.metadata.name) <= {models.MAX_NAME_LENGTH}",
+    "message": f"metadata.name may be at most {models.MAX_NAME_LENGTH} characters "
+    "(child objects and pod names derive from it)",
+}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    """Inline ``$ref``s recursively, keeping a local description over the referenced one."""
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
+        local = {k: v for k, v in node.items() if k != "$ref"}
+        return _resolve({**target, **local}, defs)
+    return {key: _resolve(value, defs) for key, value in node.items()}
+
+
+def _structural(node: dict[str, Any], with_defaults: bool) -> dict[str, Any]:
+    """Turn one resolved pydantic schema node into a structural OpenAPI v3 node."""
+    node = dict(node)
+    if "anyOf" in node:
+        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        types = {b.get("type") for b in branches}
+        if len(branches) == 1:
+            node = {**branches[0], **node}
+        elif types == {"integer", "string"}:
+            node["x-kubernetes-int-or-string"] = True
+        elif types <= _SCALARS:
+            node["x-kubernetes-preserve-unknown-fields"] = True
+        else:
+            raise ValueError(f"cannot express anyOf {branches} structurally")
+    if isinstance(node.get("description"), str):
+        node["description"] = " ".join(node["description"].split())
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    for bound, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in node and not isinstance(node[bound], bool):
+            node[flag] = node.pop(bound)
+            node[bound] = True
+    additional = node.get("additionalProperties")
+    for key in _DROP_KEYS:
+        node.pop(key, None)
+    if "default" in node and (node["default"] is None or not with_defaults):
+        node.pop("default")
+    if isinstance(additional, dict):
+        node["additionalProperties"] = _structural(additional, with_defaults)
+    if "items" in node:
+        node["items"] = _structural(node["items"], with_defaults)
+    if "properties" in node:
+        required = set(node.get("required", []))
+        props = {}
+        for name, prop in node["properties"].items():
+            child = _structural(prop, with_defaults)
+            is_model = child.get("type") == "object" and "properties" in child
+            optional = any(b.get("type") == "null" for b in prop.get("anyOf", []))
+            if with_defaults and is_model and name not in required and not optional:
+                child["default"] = {}
+            props[name] = child
+        node["properties"] = props
+    return node
+
+
+def model_schema(model: type[pydantic.BaseModel], with_defaults: bool) -> dict[str, Any]:
+    """The structural schema of one model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(_resolve(raw, raw.get("$defs", {})), with_defaults)
+
+
+def build_crd() -> dict[str, Any]:
+    """The whole CustomResourceDefinition object."""
+    spec = model_schema(models.AsyncRLJobSpec, with_defaults=True)
+    status = model_schema(models.AsyncRLJobStatus, with_defaults=False)
+    root = {
+        "type": "object",
+        "description": "AsyncRLJob runs fully asynchronous reinforcement learning of an LLM: rollout "
+        "replicas generate with vLLM while a trainer gang updates the policy.",
+        "required": ["spec"],
+        "x-kubernetes-validations": [NAME_RULE],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "API version (asyncrl.dev/v1alpha1)."},
+            "kind": {"type": "string", "description": "Kind (AsyncRLJob)."},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "spec": {
+            "group": models.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": models.KIND,
+                "listKind": f"{models.KIND}List",
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "shortNames": list(models.SHORT_NAMES),
+                "categories": ["all", "asyncrl"],
+            },
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.rollout.replicas",
+                            "statusReplicasPath": ".status.rollout.replicas",
+                            "labelSelectorPath": ".status.rollout.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+def render_yaml() -> str:
+    """The CRD file's text."""
+    header = "# Generated by `python -m asyncrl_operator.crdgen` from asyncrl_api.models. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or with --check, verify) the CRD file."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--output", type=pathlib.Path, default=OUTPUT)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is not up to date")
+    args = parser.parse_args(argv)
+    text = render_yaml()
+    if args.check:
+        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is stale: run python -m asyncrl_operator.crdgen", file=sys.stderr)
+            return 1
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

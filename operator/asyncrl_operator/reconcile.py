@@ -1,0 +1,196 @@
+"""One reconcile of one job, and the reactions to its children: the operator's business logic.
+
+Called by ``asyncrl_operator.handlers`` (kopf glue) from worker threads. Everything here is
+level-triggered and idempotent: it reads the job, renders every child, server-side applies them
+(no-ops when nothing changed), and writes the operator-owned status once at the end. Decisions come
+from the pure modules (``render``, ``status``, ``lifecycle``); I/O goes through ``apply.Client``.
+A per-job lock serialises the handlers, the child-event reactions and the resync loop for one job.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import logging
+import threading
+from typing import Any
+
+import pydantic
+from asyncrl_api import models
+from asyncrl_api import status as api_status
+
+from asyncrl_operator import apply, lifecycle, metrics, render, status
+
+Body = dict[str, Any]
+log = logging.getLogger(__name__)
+
+_locks: collections.defaultdict[tuple[str, str], threading.Lock] = collections.defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+_handled_failures: collections.OrderedDict[str, None] = collections.OrderedDict()
+_MAX_REMEMBERED = 4096
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks[(namespace, name)]
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def format_validation_error(exc: pydantic.ValidationError) -> str:
+    """Field-level messages: ``spec.trainer.parallelism: tp * pp * cp must divide ...``."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        lines.append(f"{where}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def parse(body: Body) -> tuple[models.AsyncRLJob | None, str | None]:
+    """The validated job, or None and the reason it is invalid."""
+    meta = body.get("metadata") or {}
+    problem = lifecycle.name_problem(str(meta.get("name", "")))
+    if problem:
+        return None, problem
+    try:
+        return models.AsyncRLJob.from_body(body), None
+    except pydantic.ValidationError as exc:
+        return None, format_validation_error(exc)
+
+
+def _old_status(body: Body) -> api_status.AsyncRLJobStatus:
+    try:
+        return api_status.AsyncRLJobStatus.model_validate(body.get("status") or {})
+    except pydantic.ValidationError:
+        return api_status.AsyncRLJobStatus()
+
+
+def _write_status(client: apply.Client, body: Body, new: api_status.AsyncRLJobStatus) -> None:
+    """Patch the status if the operator-owned part changed (and record the phase metric)."""
+    meta = body["metadata"]
+    metrics.set_phase(meta["namespace"], meta["name"], new.phase)
+    patch = status.status_patch(new)
+    if patch == status.status_patch(_old_status(body)):
+        return
+    client.patch_status(meta["namespace"], meta["name"], patch)
+
+
+def _write_invalid(client: apply.Client, body: Body, why: str) -> None:
+    meta = body["metadata"]
+    log.warning("job %s/%s has an invalid spec: %s", meta["namespace"], meta["name"], why)
+    new = status.compute_invalid_status(_old_status(body), int(meta.get("generation") or 0), why, _now())
+    _write_status(client, body, new)
+
+
+def reconcile(client: apply.Client, namespace: str, name: str) -> None:
+    """Validate, apply every child, update status. Deletes the job when its TTL ran out."""
+    with _lock(namespace, name), metrics.reconcile_timer():
+        body = client.get(models.KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        job, why = parse(body)
+        if job is None:
+            _write_invalid(client, body, why or "invalid spec")
+            return
+        now = _now()
+        if lifecycle.ttl_expired(job, now):
+            log.info("deleting %s/%s: finished more than ttlSecondsAfterFinished ago", namespace, name)
+            client.delete(models.KIND, namespace, name)
+            metrics.forget(namespace, name)
+            return
+        applied = {(o["kind"], o["metadata"]["name"]): client.apply(o) for o in render.render(job)}
+        _write_status(client, body, _compute(job, applied, now))
+
+
+def _compute(job: models.AsyncRLJob, objects: dict[tuple[str, str], Body], now: datetime.datetime) -> Any:
+    name = job.metadata.name
+    trainer_ok_before = job.status.trainer.ready_replicas >= job.spec.trainer.replicas
+    obs = status.Observed(
+        now=now,
+        trainer=objects.get(("StatefulSet", render.names.trainer(name))),
+        rollout=objects.get(("StatefulSet", render.names.rollout(name))),
+        nats=objects.get(("StatefulSet", render.names.nats(name))),
+        restarting=job.status.phase == "Restarting" and not trainer_ok_before,
+    )
+    new = status.compute_status(job, obs)
+    new.config_hash = render.configmap.config_hash(render.configmap.job_config(job))
+    return new
+
+
+def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
+    """Recompute status from the current children without applying (reaction to a child's change)."""
+    with _lock(namespace, name):
+        body = client.get(models.KIND, namespace, name)
+        if body is None:
+            return
+        job, why = parse(body)
+        if job is None:
+            return
+        names = render.names
+        objects = {
+            ("StatefulSet", sts): client.get("StatefulSet", namespace, sts)
+            for sts in (names.trainer(name), names.rollout(name), names.nats(name))
+        }
+        found = {key: obj for key, obj in objects.items() if obj is not None}
+        _write_status(client, body, _compute(job, found, _now()))
+
+
+def needs_reconcile(body: Body) -> bool:
+    """A status change the spec-driven handlers do not see: maxSteps reached while not yet Succeeded."""
+    job, _ = parse(body)
+    return job is not None and job.status.phase != "Succeeded" and status.reached_max_steps(job)
+
+
+def _first_time(key: str) -> bool:
+    if key in _handled_failures:
+        return False
+    _handled_failures[key] = None
+    while len(_handled_failures) > _MAX_REMEMBERED:
+        _handled_failures.popitem(last=False)
+    return True
+
+
+def handle_pod(client: apply.Client, pod: Body) -> None:
+    """A trainer pod failed -> restart the whole trainer gang; a rollout pod failed -> count it (the
+    StatefulSet controller replaces it alone)."""
+    job_name = lifecycle.job_of(pod)
+    namespace = pod["metadata"].get("namespace", "")
+    if not job_name:
+        return
+    if lifecycle.trainer_gang_needs_restart(pod) and _first_time(lifecycle.failure_key(pod)):
+        with _lock(namespace, job_name):
+            _restart_trainer_gang(client, namespace, job_name, pod)
+    elif lifecycle.rollout_replaced(pod) and _first_time(lifecycle.failure_key(pod)):
+        with _lock(namespace, job_name):
+            _count_restart(client, namespace, job_name, "rollout", None)
+
+
+def _restart_trainer_gang(client: apply.Client, namespace: str, job_name: str, failed: Body) -> None:
+    selector = render.names.selector(job_name, render.names.TRAINER)
+    gang = client.select("Pod", namespace, selector)
+    log.warning(
+        "trainer pod %s of %s/%s failed: restarting the trainer gang (%d pods)",
+        failed["metadata"]["name"],
+        namespace,
+        job_name,
+        len(gang),
+    )
+    for pod in gang:
+        if not lifecycle.is_terminating(pod):
+            client.delete("Pod", namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
+    _count_restart(client, namespace, job_name, "trainer", "Restarting")
+
+
+def _count_restart(client: apply.Client, namespace: str, job_name: str, role: str, phase: str | None) -> None:
+    body = client.get(models.KIND, namespace, job_name)
+    if body is None:
+        return
+    restarts = dict((body.get("status") or {}).get("restarts") or {})
+    restarts[role] = int(restarts.get(role, 0)) + 1
+    patch: Body = {"restarts": restarts}
+    if phase:
+        patch["phase"] = phase
+    client.patch_status(namespace, job_name, patch)
+    metrics.count_restart(role)

@@ -1,0 +1,124 @@
+"""Pod-template pieces both roles share: identity env, volumes, resources, scheduling fields.
+
+Called by ``render.rollout`` and ``render.trainer``. Pod identity travels only through env
+(ASYNCRL_ROLE, ASYNCRL_REPLICA from the pod-index label, POD_NAME, POD_NAMESPACE); everything else
+comes from the mounted config file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl_api import config, models, roles, status
+
+from asyncrl_operator.render import names
+
+GPU = "nvidia.com/gpu"
+CONFIG_VOLUME = "asyncrl-config"
+SHM_VOLUME = "dshm"
+
+
+def stopped(job: models.AsyncRLJob) -> bool:
+    """Both roles run zero pods while the job is suspended or finished."""
+    return job.spec.suspend or job.status.phase in status.FINISHED_PHASES
+
+
+def field_env(name: str, path: str) -> dict[str, Any]:
+    """An env var from the downward API."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def identity_env(role: str) -> list[dict[str, Any]]:
+    """ASYNCRL_ROLE, ASYNCRL_REPLICA (the StatefulSet pod ordinal), POD_NAME, POD_NAMESPACE."""
+    return [
+        {"name": "ASYNCRL_ROLE", "value": role},
+        field_env("ASYNCRL_REPLICA", f"metadata.labels['{names.POD_INDEX}']"),
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+    ]
+
+
+def resources(gpus: int, extra: roles.Resources) -> dict[str, Any]:
+    """Container resources: the user's requests/limits plus ``nvidia.com/gpu`` (limits = requests)."""
+    requests = {k: str(v) for k, v in extra.requests.items()}
+    limits = {k: str(v) for k, v in extra.limits.items()}
+    if gpus > 0:
+        requests[GPU] = str(gpus)
+        limits[GPU] = str(gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def volumes(job: models.AsyncRLJob) -> list[dict[str, Any]]:
+    """The config ConfigMap, a memory-backed /dev/shm (NCCL, vLLM) and the user's claims."""
+    out: list[dict[str, Any]] = [
+        {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(job.metadata.name)}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+    ]
+    out += [{"name": v.name, "persistentVolumeClaim": {"claimName": v.claim_name}} for v in job.spec.volumes]
+    return out
+
+
+def volume_mounts(job: models.AsyncRLJob) -> list[dict[str, Any]]:
+    """Mounts matching ``volumes``: the config at /etc/asyncrl (read-only), /dev/shm, the user's claims."""
+    out: list[dict[str, Any]] = [
+        {"name": CONFIG_VOLUME, "mountPath": config.MOUNT_DIR, "readOnly": True},
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+    ]
+    out += [{"name": v.name, "mountPath": v.mount_path, "readOnly": v.read_only} for v in job.spec.volumes]
+    return out
+
+
+def tolerations(items: list[roles.Toleration]) -> list[dict[str, Any]]:
+    return [t.to_api() for t in items]
+
+
+def scheduling(
+    job: models.AsyncRLJob, node_selector: dict[str, str], tols: list[roles.Toleration]
+) -> dict[str, Any]:
+    """Pod-spec scheduling fields (only the ones set)."""
+    sched = job.spec.scheduling
+    out: dict[str, Any] = {}
+    if sched.scheduler_name:
+        out["schedulerName"] = sched.scheduler_name
+    if sched.priority_class_name:
+        out["priorityClassName"] = sched.priority_class_name
+    if node_selector:
+        out["nodeSelector"] = dict(node_selector)
+    if tols:
+        out["tolerations"] = tolerations(tols)
+    return out
+
+
+def pod_labels(job: models.AsyncRLJob, role: str) -> dict[str, str]:
+    """Pod labels: the standard set, plus kueue's queue label and a pod-group label for gang schedulers."""
+    out = names.labels(job.metadata.name, role)
+    sched = job.spec.scheduling
+    if sched.queue_name:
+        out[names.QUEUE_NAME] = sched.queue_name
+    if role == names.TRAINER and sched.gang and sched.scheduler_name:
+        out[names.POD_GROUP] = names.trainer(job.metadata.name)
+    return out
+
+
+def metrics_port() -> dict[str, Any]:
+    return {"name": "metrics", "containerPort": config.DEFAULT_METRICS_PORT, "protocol": "TCP"}
+
+
+def readiness_probe() -> dict[str, Any]:
+    """Ready once the process serves /metrics (every asyncrl process does, design.md §5)."""
+    return {
+        "httpGet": {"path": "/metrics", "port": "metrics"},
+        "initialDelaySeconds": 5,
+        "periodSeconds": 10,
+        "failureThreshold": 3,
+    }
+
+
+def command(entry_point: str) -> list[str]:
+    """A workload console script reading the mounted config."""
+    return [entry_point, "--config", config.MOUNT_PATH]

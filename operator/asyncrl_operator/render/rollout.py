@@ -1,0 +1,61 @@
+"""The rollout StatefulSet: one vLLM engine per pod, ``nvidia.com/gpu`` per replica.
+
+Called by ``render.render``. Replicas follow ``spec.rollout.replicas`` (the scale subresource), or 0
+while the job is suspended or finished. Each pod is independent: the StatefulSet controller replaces
+a failed one alone, and it re-joins weight sync at the next policy version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl_api import models
+
+from asyncrl_operator.render import names, pods
+
+ENTRY_POINT = "asyncrl-rollout"
+
+
+def desired_replicas(job: models.AsyncRLJob) -> int:
+    """0 while suspended or finished, else spec.rollout.replicas."""
+    return 0 if pods.stopped(job) else job.spec.rollout.replicas
+
+
+def render_rollout_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict[str, Any]:
+    name = job.metadata.name
+    spec = job.spec.rollout
+    container = {
+        "name": names.ROLLOUT,
+        "image": spec.image,
+        "command": pods.command(ENTRY_POINT),
+        "env": pods.identity_env(names.ROLLOUT),
+        "ports": [pods.metrics_port()],
+        "resources": pods.resources(spec.gpus_per_replica, spec.resources),
+        "volumeMounts": pods.volume_mounts(job),
+        "readinessProbe": pods.readiness_probe(),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": pods.volumes(job),
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 30,
+        **pods.scheduling(job, spec.node_selector, spec.tolerations),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": names.metadata(job, names.rollout(name), names.ROLLOUT),
+        "spec": {
+            "replicas": desired_replicas(job),
+            "serviceName": names.rollout(name),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": names.selector(name, names.ROLLOUT)},
+            "template": {
+                "metadata": {
+                    "labels": pods.pod_labels(job, names.ROLLOUT),
+                    "annotations": {names.CONFIG_HASH: config_hash},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

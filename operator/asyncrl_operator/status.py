@@ -1,0 +1,217 @@
+"""Observed children -> the job's status (phase, conditions, replicas). Pure: no clock, no client.
+
+Called by ``asyncrl_operator.reconcile`` after every apply, with the StatefulSets the apply returned
+and the time passed in. ``progress`` is never computed here: trainer rank 0 owns it; this module only
+reads it (step, stepTime) to decide Succeeded and Stalled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from asyncrl_api import models
+from asyncrl_api import status as api_status
+
+from asyncrl_operator.render import names, pods
+
+Body = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What the reconciler saw. StatefulSets are full objects (with status) or None when absent."""
+
+    now: datetime.datetime
+    trainer: Body | None = None
+    rollout: Body | None = None
+    nats: Body | None = None
+    invalid: str | None = None
+    """Why the spec is invalid (the handler's validation message), or None."""
+    restarting: bool = False
+    """A trainer gang restart is in progress (old pods deleted, new ones not yet Ready)."""
+
+
+def _ready(sts: Body | None) -> int:
+    return int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def _current(sts: Body | None) -> int:
+    return int(((sts or {}).get("status") or {}).get("replicas") or 0)
+
+
+def role_status(job: models.AsyncRLJob, role: str, sts: Body | None, desired: int) -> api_status.RoleStatus:
+    ready = _ready(sts)
+    return api_status.RoleStatus(
+        replicas=_current(sts),
+        ready_replicas=ready,
+        ready=f"{ready}/{desired}",
+        selector=names.selector_string(job.metadata.name, role),
+    )
+
+
+def parse_time(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def format_time(when: datetime.datetime) -> str:
+    return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cond(
+    type_: api_status.ConditionType, ok: bool | None, reason: str, message: str = ""
+) -> api_status.Condition:
+    value = "Unknown" if ok is None else ("True" if ok else "False")
+    return api_status.Condition(type=type_, status=value, reason=reason, message=message)
+
+
+def is_stalled(job: models.AsyncRLJob, now: datetime.datetime) -> bool:
+    """Running, and the step has not advanced for spec.progress.stalledAfterSeconds (counted from the
+    last step time, or from the start when no step was reported yet)."""
+    progress = job.status.progress
+    since = parse_time(progress.step_time if progress else None) or parse_time(job.status.start_time)
+    if since is None:
+        return False
+    return (now - since).total_seconds() > job.spec.progress.stalled_after_seconds
+
+
+def reached_max_steps(job: models.AsyncRLJob) -> bool:
+    progress = job.status.progress
+    return job.spec.max_steps is not None and progress is not None and progress.step >= job.spec.max_steps
+
+
+def compute_phase(
+    job: models.AsyncRLJob, obs: Observed, trainer_ok: bool, rollout_some: bool, bus_ok: bool
+) -> api_status.Phase:
+    """Succeeded is sticky; Failed means an invalid spec; otherwise derived from what is running."""
+    if job.status.phase == "Succeeded" or reached_max_steps(job):
+        return "Succeeded"
+    if obs.invalid:
+        return "Failed"
+    if job.spec.suspend:
+        return "Suspended"
+    if obs.restarting:
+        return "Restarting"
+    if trainer_ok and rollout_some and bus_ok:
+        return "Running"
+    if obs.trainer is not None or obs.rollout is not None:
+        return "Starting"
+    return "Pending"
+
+
+def compute_conditions(
+    job: models.AsyncRLJob, obs: Observed, phase: api_status.Phase, st: api_status.AsyncRLJobStatus
+) -> list[api_status.Condition]:
+    trainer_ok = st.trainer.ready_replicas >= job.spec.trainer.replicas
+    rollout_ok = st.rollout.ready_replicas >= job.spec.rollout.replicas
+    external = not job.spec.bus.nats.managed
+    bus_ok = external or _ready(obs.nats) >= 1
+    running = phase == "Running"
+    stalled = running and is_stalled(job, obs.now)
+    synced = job.status.progress is not None and job.status.progress.last_sync_time is not None
+    degraded = running and not rollout_ok
+    return [
+        _cond("Ready", running and trainer_ok and rollout_ok and bus_ok, phase, f"job is {phase}"),
+        _cond(
+            "TrainerReady", trainer_ok, "AllReady" if trainer_ok else "NotReady", f"{st.trainer.ready} ready"
+        ),
+        _cond(
+            "RolloutReady", rollout_ok, "AllReady" if rollout_ok else "NotReady", f"{st.rollout.ready} ready"
+        ),
+        _cond(
+            "BusReady", bus_ok, "External" if external else ("ServerReady" if bus_ok else "ServerNotReady")
+        ),
+        _cond("WeightSyncReady", True if synced else None, "Synced" if synced else "NotReported"),
+        _cond("Progressing", running and not stalled, "Training" if running else phase),
+        _cond(
+            "Stalled",
+            stalled,
+            "StepNotAdvancing" if stalled else "StepAdvancing",
+            f"step has not advanced for {job.spec.progress.stalled_after_seconds}s" if stalled else "",
+        ),
+        _cond(
+            "Degraded",
+            degraded,
+            "RolloutReplicasNotReady" if degraded else "AsExpected",
+            f"{st.rollout.ready} rollout replicas ready" if degraded else "",
+        ),
+        _cond(
+            "InvalidSpec",
+            obs.invalid is not None,
+            "SpecRejected" if obs.invalid else "Valid",
+            obs.invalid or "",
+        ),
+    ]
+
+
+def _keep_transition_times(
+    new: list[api_status.Condition], old: list[api_status.Condition], now: str, generation: int
+) -> list[api_status.Condition]:
+    previous = {c.type: c for c in old}
+    out = []
+    for cond in new:
+        before = previous.get(cond.type)
+        changed = before is None or before.status != cond.status
+        when = now if changed or before is None else before.last_transition_time
+        out.append(cond.model_copy(update={"last_transition_time": when, "observed_generation": generation}))
+    return out
+
+
+def compute_status(job: models.AsyncRLJob, obs: Observed) -> api_status.AsyncRLJobStatus:
+    """The operator-owned part of the status (``progress`` is carried over untouched)."""
+    now = format_time(obs.now)
+    stopped = pods.stopped(job) or obs.invalid is not None
+    trainer_desired = 0 if stopped else job.spec.trainer.replicas
+    rollout_desired = 0 if stopped else job.spec.rollout.replicas
+    st = job.status.model_copy(deep=True)
+    st.trainer = role_status(job, names.TRAINER, obs.trainer, trainer_desired)
+    st.rollout = role_status(job, names.ROLLOUT, obs.rollout, rollout_desired)
+    bus_ok = (not job.spec.bus.nats.managed) or _ready(obs.nats) >= 1
+    trainer_ok = trainer_desired > 0 and st.trainer.ready_replicas >= trainer_desired
+    rollout_some = rollout_desired == 0 or st.rollout.ready_replicas >= 1
+    phase = compute_phase(job, obs, trainer_ok, rollout_some, bus_ok)
+    conditions = compute_conditions(job, obs, phase, st)
+    st.conditions = _keep_transition_times(conditions, job.status.conditions, now, job.metadata.generation)
+    st.phase = phase
+    st.message = obs.invalid or next(
+        (c.message for c in conditions if c.type == "Stalled" and c.status == "True"), ""
+    )
+    st.observed_generation = job.metadata.generation
+    if phase == "Running" and st.start_time is None:
+        st.start_time = now
+    if phase in api_status.FINISHED_PHASES and st.completion_time is None:
+        st.completion_time = now
+    if phase not in api_status.FINISHED_PHASES:
+        st.completion_time = None
+    return st
+
+
+def compute_invalid_status(
+    old: api_status.AsyncRLJobStatus, generation: int, why: str, now: datetime.datetime
+) -> api_status.AsyncRLJobStatus:
+    """Phase Failed with InvalidSpec True and the field-level message; nothing else is touched."""
+    st = old.model_copy(deep=True)
+    st.phase = "Failed"
+    st.message = why
+    st.observed_generation = generation
+    invalid = _cond("InvalidSpec", True, "SpecRejected", why)
+    others = [c for c in old.conditions if c.type not in ("InvalidSpec", "Ready")]
+    ready = _cond("Ready", False, "InvalidSpec", "the spec is invalid; nothing was created or changed")
+    st.conditions = _keep_transition_times(
+        [ready, *others, invalid], old.conditions, format_time(now), generation
+    )
+    if st.completion_time is None:
+        st.completion_time = format_time(now)
+    return st
+
+
+def status_patch(new: api_status.AsyncRLJobStatus) -> Body:
+    """The merge patch for the status subresource: every operator-owned field, never ``progress``."""
+    body = new.to_api()
+    body.pop("progress", None)
+    for key in ("startTime", "completionTime", "configHash"):
+        body.setdefault(key, None)
+    return body

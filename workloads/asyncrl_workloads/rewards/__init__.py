@@ -1,0 +1,1 @@
+"""Rule-based reward functions, referenced from the job spec as ``"package.module:function"``."""

@@ -1,0 +1,178 @@
+"""The rollout's inference engine: vLLM's AsyncLLM plus weight updates and per-token versions.
+
+Called by ``rollout/worker.py`` (the generation and control loops) and by data-plane tests.
+It imports vLLM, so import it only after the config has been parsed.
+
+- Started with ``logprobs_mode="processed_logprobs"`` so behaviour logprobs are those of the
+  distribution actually sampled from (after temperature / top-p), which is what off-policy
+  correction needs; CPU engines run float32 with ``enforce_eager``.
+- Weight updates go through vLLM's weight-transfer API with our registered "gloo" engine on CPU
+  (``weightsync/gloo.py``) or vLLM's NCCL engine on GPU (``weightsync/nccl.py``).
+- Every generated token is tagged with the policy version that produced it from
+  ``CompletionOutput.weight_versions`` (spans over output-token indexes): the engine core stamps
+  each step's output with the version set by ``finish_weight_update(weight_version=...)``, and
+  versions only change while generation is paused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from vllm import SamplingParams
+from vllm.config import WeightTransferConfig
+from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from asyncrl_workloads.weightsync import base
+
+log = logging.getLogger(__name__)
+EXTENSION = "asyncrl_workloads.weightsync.gloo.WorkerExtension"
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled response; arrays line up (R,) over response tokens."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """log pi_behaviour(token_ids[t] | prefix), processed (after temperature / top-p)."""
+    versions: list[int]
+    """Policy version that produced token_ids[t]."""
+    finish_reason: str | None
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    model: str
+    dtype: str = "float32"
+    max_model_len: int = 512
+    backend: str = "gloo"
+    """Weight-transfer backend: "gloo" (CPU, ours) or "nccl" (GPU, vLLM's)."""
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    enforce_eager: bool = True
+    seed: int = 0
+    extra: tuple[tuple[str, Any], ...] = ()
+    """spec.rollout.engine.args, passed through to AsyncEngineArgs."""
+
+
+class RolloutEngine:
+    """One vLLM engine; ``version`` is the policy version it generates with."""
+
+    def __init__(self, llm: AsyncLLM, settings: EngineSettings) -> None:
+        self.llm = llm
+        self.settings = settings
+        self.version = 0
+        self._ids = itertools.count()
+        self.tokenizer: Any = None
+
+    @classmethod
+    async def start(cls, settings: EngineSettings) -> RolloutEngine:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        args = AsyncEngineArgs(
+            model=settings.model,
+            dtype=settings.dtype,  # type: ignore[arg-type]
+            max_model_len=settings.max_model_len,
+            enforce_eager=settings.enforce_eager,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            seed=settings.seed,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+            weight_transfer_config=WeightTransferConfig(backend=settings.backend),
+            **dict(settings.extra),
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        engine = cls(llm, settings)
+        engine.tokenizer = llm.tokenizer
+        await llm.update_weight_version("0")
+        return engine
+
+    # ---- generation ------------------------------------------------------------------------
+    def sampling(
+        self, n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None = None
+    ) -> SamplingParams:
+        return SamplingParams(
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            logprobs=0,
+            seed=seed,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
+        """Generate ``params.n`` completions of one prompt (one group)."""
+        request_id = f"g{next(self._ids)}"
+        version_at_submit = self.version
+        final = None
+        async for out in self.llm.generate(
+            {"prompt_token_ids": list(prompt_ids)}, params, request_id=request_id
+        ):
+            final = out
+        if final is None:
+            raise RuntimeError(f"engine returned nothing for request {request_id}")
+        return [_completion(c, version_at_submit) for c in sorted(final.outputs, key=lambda c: c.index)]
+
+    # ---- weights ---------------------------------------------------------------------------
+    async def init_weight_sync(
+        self, host: str, port: int, replica: int, incarnation: str, timeout: float
+    ) -> None:
+        info = {
+            "master_address": host,
+            "master_port": port,
+            "replica": replica,
+            "incarnation": incarnation,
+            "timeout_seconds": timeout,
+        }
+        await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+
+    async def pause(self) -> None:
+        """Freeze in-flight requests (they continue, KV recomputed, under the next weights)."""
+        await self.llm.pause_generation(mode="keep", clear_cache=True)
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+
+    async def update(self, plan: base.Plan, roster: base.Roster) -> str:
+        """Receive and load ``plan.version`` (generation must be paused); returns the checksum of
+        what the workers loaded. Raises if the transfer failed; the old weights then stay."""
+        t0 = time.monotonic()
+        await self.llm.start_weight_update()
+        info = {"plan": base.encode(plan).decode(), "roster": base.encode(roster).decode()}
+        try:
+            await self.llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+        except Exception:
+            raise  # the worker already ended the update session; the old weights are intact
+        await self.llm.finish_weight_update(weight_version=str(plan.version))
+        self.version = plan.version
+        results = await self.llm.collective_rpc("asyncrl_last_update")
+        checksums = {checksum for _, checksum in results}
+        log.info("loaded v%d in %.1f ms", plan.version, 1e3 * (time.monotonic() - t0))
+        return ",".join(sorted(checksums))
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+
+
+def _completion(c: Any, fallback_version: int) -> Completion:
+    token_ids = list(c.token_ids)
+    logprobs = [float(d[t].logprob) for t, d in zip(token_ids, c.logprobs or [], strict=True)]
+    versions = [fallback_version] * len(token_ids)
+    for span in c.weight_versions or []:
+        if span.version == "default":
+            continue
+        for i in range(span.start, min(span.end, len(token_ids))):
+            versions[i] = int(span.version)
+    return Completion(token_ids, logprobs, versions, c.finish_reason, c.text)

@@ -1,0 +1,154 @@
+"""The weight-sync rendezvous: the trainer's TCPStore, its key names, deadline waits, the gloo
+group of one generation, and how buckets are packed into flat byte buffers.
+
+Used by both sides of the gloo path: ``weightsync/sender.py`` (trainer rank 0 hosts the store),
+``weightsync/replica.py`` (a rollout's control loop) and ``weightsync/gloo.py`` (vLLM worker).
+Only torch; no vLLM import, so the trainer never loads vLLM.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from asyncrl_workloads.weightsync import base
+
+PREFIX = f"asyncrl/v{base.PROTOCOL}/"
+POLL_SECONDS = 0.005
+
+
+class DeadlineExceeded(TimeoutError):
+    """A wait in a weight-sync round ran past its deadline."""
+
+
+# ---- keys (all under PREFIX) -------------------------------------------------------------------
+HELLO_SEQ = PREFIX + "hello_seq"
+PLAN_SEQ = PREFIX + "plan_seq"
+
+
+def hello_key(n: int) -> str:
+    return f"{PREFIX}hello/{n}"
+
+
+def plan_key(seq: int) -> str:
+    return f"{PREFIX}plan/{seq}"
+
+
+def ready_key(seq: int, replica: int) -> str:
+    return f"{PREFIX}ready/{seq}/{replica}"
+
+
+def roster_key(seq: int) -> str:
+    return f"{PREFIX}roster/{seq}"
+
+
+def joined_key(generation: int, rank: int) -> str:
+    return f"{PREFIX}joined/{generation}/{rank}"
+
+
+def ack_key(seq: int, replica: int) -> str:
+    return f"{PREFIX}ack/{seq}/{replica}"
+
+
+# ---- the store ---------------------------------------------------------------------------------
+def host_store(port: int, timeout: float) -> dist.TCPStore:
+    """Trainer rank 0: serve the rendezvous store on ``port`` (all interfaces)."""
+    return dist.TCPStore(
+        "0.0.0.0",
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
+    """A rollout process: connect to the trainer's store (retries until ``timeout``)."""
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=False,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+def read_int(store: dist.Store, key: str) -> int:
+    """An integer counter or 0 when the key does not exist yet."""
+    return int(store.get(key)) if store.check([key]) else 0
+
+
+def wait_keys(store: dist.Store, keys: Iterable[str], deadline: float) -> set[str]:
+    """Poll until every key exists or ``deadline`` (time.monotonic) passes; return those present."""
+    pending = set(keys)
+    present: set[str] = set()
+    while True:
+        for key in list(pending):
+            if store.check([key]):
+                pending.discard(key)
+                present.add(key)
+        if not pending or time.monotonic() >= deadline:
+            return present
+        time.sleep(POLL_SECONDS)
+
+
+def get_by(store: dist.Store, key: str, deadline: float) -> bytes:
+    """Wait for one key until ``deadline``, then read it (DeadlineExceeded if it never came)."""
+    if key not in wait_keys(store, [key], deadline):
+        raise DeadlineExceeded(f"weight sync: {key} not written before the deadline")
+    return bytes(store.get(key))
+
+
+# ---- the group of one generation ---------------------------------------------------------------
+def form_group(
+    store: dist.Store, generation: int, rank: int, world_size: int, timeout: float
+) -> distributed_c10d.ProcessGroupGloo:
+    """Join generation ``generation``'s gloo group: a fresh key space, never the default group.
+
+    Blocks until every rank has joined or ``timeout`` passes (then gloo raises). Each rank first
+    marks itself joined, so the trainer can tell who never came.
+    """
+    store.set(joined_key(generation, rank), b"1")
+    prefix = distributed_c10d.PrefixStore(f"{PREFIX}group/{generation}/", store)
+    return distributed_c10d.ProcessGroupGloo(
+        prefix, rank, world_size, datetime.timedelta(seconds=max(timeout, 0.001))
+    )
+
+
+def broadcast(pg: distributed_c10d.ProcessGroupGloo, buffer: torch.Tensor, timeout: float) -> None:
+    """Broadcast ``buffer`` from rank 0 in place, failing after ``timeout`` seconds."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    opts.timeout = datetime.timedelta(seconds=max(timeout, 0.001))
+    pg.broadcast([buffer], opts).wait()
+
+
+# ---- buckets -----------------------------------------------------------------------------------
+def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenate the raw bytes of ``tensors`` into one flat uint8 CPU buffer."""
+    views = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    return torch.cat(views) if len(views) > 1 else views[0].clone()
+
+
+def bucket_nbytes(metas: Sequence[base.TensorMeta]) -> int:
+    return sum(m.nbytes for m in metas)
+
+
+def unpack(buffer: torch.Tensor, metas: Sequence[base.TensorMeta]) -> list[tuple[str, torch.Tensor]]:
+    """Split a received bucket back into named tensors (views into ``buffer``)."""
+    out: list[tuple[str, torch.Tensor]] = []
+    offset = 0
+    for meta in metas:
+        n = meta.nbytes
+        chunk = buffer[offset : offset + n].view(getattr(torch, meta.dtype)).reshape(meta.shape)
+        out.append((meta.name, chunk))
+        offset += n
+    if offset != buffer.numel():
+        raise ValueError(f"bucket holds {buffer.numel()} bytes, its tensors {offset}")
+    return out

@@ -1,0 +1,103 @@
+"""A rollout replica's link to the trainer's weight-sync rendezvous (the control half of a round).
+
+Called by the rollout worker's control loop (``rollout/worker.py``) from a thread: all methods
+block on the TCPStore for at most their deadline. The data half (joining the gloo group and
+receiving buckets) runs inside the vLLM engine workers, ``weightsync/gloo.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import torch.distributed as dist
+
+from asyncrl_workloads.weightsync import base, rendezvous
+
+log = logging.getLogger(__name__)
+
+
+class TrainerUnreachable(ConnectionError):
+    """The trainer's rendezvous store cannot be reached (not up yet, or restarting)."""
+
+
+class ReplicaLink:
+    """Says hello, watches for plans, and reports ready / ack for one replica process."""
+
+    def __init__(
+        self, host: str, port: int, replica: int, ranks: int = 1, connect_timeout: float = 5.0
+    ) -> None:
+        self.host, self.port = host, port
+        self.replica, self.ranks = replica, ranks
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.connect_timeout = connect_timeout
+        self._store: dist.TCPStore | None = None
+        self._seen_seq = 0
+        self._hello_for_seq = -1
+
+    @property
+    def hello(self) -> base.Hello:
+        return base.Hello(self.replica, self.incarnation, self.ranks)
+
+    def _connected(self) -> dist.TCPStore:
+        if self._store is None:
+            try:
+                self._store = rendezvous.connect_store(self.host, self.port, self.connect_timeout)
+            except (RuntimeError, OSError) as exc:
+                raise TrainerUnreachable(
+                    f"weight sync: trainer store {self.host}:{self.port}: {exc}"
+                ) from None
+            self._seen_seq = 0
+            self._announce()
+        return self._store
+
+    def _announce(self) -> None:
+        assert self._store is not None
+        n = self._store.add(rendezvous.HELLO_SEQ, 1)
+        self._store.set(rendezvous.hello_key(n), base.encode(self.hello))
+        log.info("weight sync: replica %d said hello (incarnation %s)", self.replica, self.incarnation)
+
+    def _call(self, fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            return fn(self._connected(), *args)
+        except (RuntimeError, OSError) as exc:  # the trainer went away: reconnect and say hello again
+            self._store = None
+            raise TrainerUnreachable(f"weight sync: lost the trainer store: {str(exc)[:120]}") from None
+
+    def poll(self) -> base.Plan | None:
+        """The newest plan not seen yet, or None. Says hello again when a plan leaves us out."""
+
+        def _poll(store: dist.TCPStore) -> base.Plan | None:
+            seq = rendezvous.read_int(store, rendezvous.PLAN_SEQ)
+            if seq <= self._seen_seq:
+                return None
+            self._seen_seq = seq
+            plan: base.Plan = base.decode(bytes(store.get(rendezvous.plan_key(seq))), base.Plan)
+            if not plan.includes(self.replica, self.incarnation) and self._hello_for_seq < seq:
+                self._hello_for_seq = seq
+                self._announce()
+            return plan
+
+        return self._call(_poll)  # type: ignore[no-any-return]
+
+    def rejoin(self) -> None:
+        """After a failed round: ask to be taken into the next one."""
+        self._call(lambda store: self._announce())
+
+    def ready(self, plan: base.Plan) -> None:
+        self._call(lambda store: store.set(rendezvous.ready_key(plan.seq, self.replica), self.incarnation))
+
+    def roster(self, plan: base.Plan) -> base.Roster:
+        """Wait for the round's roster (the trainer writes it after the ready deadline at the latest)."""
+        deadline = time.monotonic() + 2 * plan.timeout_seconds
+
+        def _roster(store: dist.TCPStore) -> base.Roster:
+            data = rendezvous.get_by(store, rendezvous.roster_key(plan.seq), deadline)
+            return base.decode(data, base.Roster)  # type: ignore[no-any-return]
+
+        return self._call(_roster)  # type: ignore[no-any-return]
+
+    def ack(self, plan: base.Plan, checksum: str, apply_seconds: float) -> None:
+        ack = base.Ack(self.replica, self.incarnation, checksum, apply_seconds)
+        self._call(lambda store: store.set(rendezvous.ack_key(plan.seq, self.replica), base.encode(ack)))

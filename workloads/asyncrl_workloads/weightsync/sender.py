@@ -1,0 +1,188 @@
+"""Trainer rank 0's side of weight sync on the gloo path: membership, rounds, deadlines.
+
+Called by the trainer (``asyncrl_workloads.trainer``) every ``async.syncEverySteps`` steps:
+
+    sender = sender.GlooWeightSender(port=cfg.endpoints.weight_sync_port,
+                                     timeout_seconds=spec.weight_sync.timeout_seconds,
+                                     bucket_mb=spec.weight_sync.bucket_mb)
+    report = sender.sync(version, model.state_dict().items())   # full (unsharded) HF-named tensors
+
+The group is a dedicated gloo group built from the TCPStore this class hosts on the weight-sync
+port (never the trainer's default process group): rank 0 is this process, ranks
+``1 + sum(ranks of the replicas before it) ...`` are the rollout engine workers. The protocol and
+its store keys are described in ``weightsync/base.py``. Rollout replicas that fail to be ready,
+to join, or to ack before the deadline are dropped and named in ``SyncReport.dropped``; they
+come back by saying hello again and join at the next version with a new group generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+
+import torch
+from torch.distributed import distributed_c10d
+
+from asyncrl_workloads.weightsync import base, checksum, rendezvous
+
+log = logging.getLogger(__name__)
+
+
+class GlooWeightSender(base.WeightSender):
+    """Hosts the rendezvous store and broadcasts each version to the current members."""
+
+    def __init__(self, port: int, timeout_seconds: float, bucket_mb: int) -> None:
+        self.timeout = float(timeout_seconds)
+        self.bucket_bytes = int(bucket_mb) << 20
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.store = rendezvous.host_store(port, self.timeout)
+        self._hello_cursor = 0
+        self._registry: dict[int, base.Hello] = {}
+        self._seq = 0
+        self._generation = 0
+        self._group: distributed_c10d.ProcessGroupGloo | None = None
+        self._group_members: tuple[base.Member, ...] = ()
+
+    # ---- membership ------------------------------------------------------------------------
+    def _read_hellos(self) -> None:
+        last = rendezvous.read_int(self.store, rendezvous.HELLO_SEQ)
+        while self._hello_cursor < last:
+            self._hello_cursor += 1
+            key = rendezvous.hello_key(self._hello_cursor)
+            try:
+                hello = base.decode(rendezvous.get_by(self.store, key, time.monotonic() + 1.0), base.Hello)
+            except (base.ProtocolError, rendezvous.DeadlineExceeded) as exc:
+                log.warning("weight sync: ignoring hello %d: %s", self._hello_cursor, exc)
+                continue
+            if self._registry.get(hello.replica) != hello:
+                log.info(
+                    "weight sync: replica %d (incarnation %s) asks to join", hello.replica, hello.incarnation
+                )
+            self._registry[hello.replica] = hello
+
+    def members(self) -> list[int]:
+        """Replicas currently registered (they take part in the next round)."""
+        self._read_hellos()
+        return sorted(self._registry)
+
+    def _drop(self, report: base.SyncReport, replica: int, reason: str) -> None:
+        report.dropped[replica] = reason
+        self._registry.pop(replica, None)
+        log.warning("weight sync v%d: dropped replica %d: %s", report.version, replica, reason)
+
+    # ---- one round -------------------------------------------------------------------------
+    def sync(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> base.SyncReport:
+        start = time.monotonic()
+        report = base.SyncReport(version=version)
+        self._read_hellos()
+        candidates = tuple(
+            base.Member(h.replica, h.incarnation, h.ranks) for _, h in sorted(self._registry.items())
+        )
+        if not candidates:
+            report.total_seconds = time.monotonic() - start
+            return report
+        tensors = [(name, t.detach()) for name, t in named_tensors]
+        metas = tuple(
+            base.TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors
+        )
+        self._seq += 1
+        plan = base.Plan(
+            seq=self._seq,
+            version=version,
+            candidates=candidates,
+            tensors=metas,
+            buckets=base.plan_buckets(metas, self.bucket_bytes),
+            timeout_seconds=self.timeout,
+            trainer=self.incarnation,
+        )
+        self.store.set(rendezvous.plan_key(plan.seq), base.encode(plan))
+        self.store.set(rendezvous.PLAN_SEQ, str(plan.seq))
+
+        # Phase 1: who is ready (paused, or drained when partialRollout is off)?
+        deadline = time.monotonic() + self.timeout
+        ready_keys = {m.replica: rendezvous.ready_key(plan.seq, m.replica) for m in candidates}
+        present = rendezvous.wait_keys(self.store, ready_keys.values(), deadline)
+        ready: list[base.Member] = []
+        offset = 1
+        for m in candidates:
+            if ready_keys[m.replica] not in present:
+                self._drop(report, m.replica, "not ready before the deadline")
+            elif bytes(self.store.get(ready_keys[m.replica])).decode() != m.incarnation:
+                self._drop(report, m.replica, "restarted during the round")
+            else:
+                ready.append(base.Member(m.replica, m.incarnation, m.ranks, rank_offset=offset))
+                offset += m.ranks
+        members = tuple(ready)
+        if self._group is None or members != self._group_members:
+            self._close_group()
+            self._generation += 1
+        roster = base.Roster(seq=plan.seq, generation=self._generation, world_size=offset, members=members)
+        self.store.set(rendezvous.roster_key(plan.seq), base.encode(roster))
+        report.generation = roster.generation
+        if not members:
+            report.total_seconds = time.monotonic() - start
+            return report
+
+        # Phase 2: form (or reuse) the group and broadcast every bucket, all before one deadline.
+        deadline = time.monotonic() + self.timeout
+        if not self._form(roster, deadline, report):
+            report.total_seconds = time.monotonic() - start
+            return report
+        t0 = time.monotonic()
+        try:
+            for a, b in plan.buckets:
+                buffer = rendezvous.pack([t for _, t in tensors[a:b]])
+                rendezvous.broadcast(self._group, buffer, deadline - time.monotonic())  # type: ignore[arg-type]
+                report.nbytes += buffer.numel()
+        except RuntimeError as exc:  # gloo: timeout or a peer gone
+            log.warning("weight sync v%d: broadcast failed: %s", version, str(exc).splitlines()[0][:200])
+            self._close_group()
+        report.transfer_seconds = time.monotonic() - t0
+
+        # Phase 3: acks (each member loaded the weights); missing ones are dropped.
+        ack_keys = {m.replica: rendezvous.ack_key(plan.seq, m.replica) for m in members}
+        present = rendezvous.wait_keys(self.store, ack_keys.values(), max(deadline, time.monotonic() + 1.0))
+        for m in members:
+            if ack_keys[m.replica] not in present:
+                self._drop(report, m.replica, "no ack before the deadline")
+                self._close_group()
+                continue
+            ack = base.decode(bytes(self.store.get(ack_keys[m.replica])), base.Ack)
+            report.members.append(m.replica)
+            report.checksums[m.replica] = ack.checksum
+        report.total_seconds = time.monotonic() - start
+        return report
+
+    def _form(self, roster: base.Roster, deadline: float, report: base.SyncReport) -> bool:
+        if self._group is not None:
+            return True
+        try:
+            self._group = rendezvous.form_group(
+                self.store, roster.generation, 0, roster.world_size, deadline - time.monotonic()
+            )
+            self._group_members = roster.members
+            return True
+        except RuntimeError as exc:
+            log.warning("weight sync: group generation %d failed: %s", roster.generation, str(exc)[:200])
+        for m in roster.members:
+            keys = [rendezvous.joined_key(roster.generation, m.rank_offset + i) for i in range(m.ranks)]
+            if not all(self.store.check([k]) for k in keys):
+                self._drop(report, m.replica, f"did not join group generation {roster.generation}")
+            else:
+                self._drop(report, m.replica, f"group generation {roster.generation} failed")
+        return False
+
+    def _close_group(self) -> None:
+        self._group = None  # gloo closes its sockets when the last reference goes
+        self._group_members = ()
+
+    def close(self) -> None:
+        self._close_group()
+        del self.store
+
+
+def expected_checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """What a member's ack should say after loading these tensors (tests compare the two)."""
+    return checksum.of(named_tensors)

@@ -1,0 +1,98 @@
+"""The bus wire format: round trips, version checks, field-level errors, NATS names."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from asyncrl_workloads.bus import codec, subjects, trajectory
+
+
+def make(**overrides):
+    fields = dict(
+        id=trajectory.trajectory_id("demo", 1, "17", 3), job="demo", replica=1, group_id="demo:r1:p17",
+        group_size=4, sample_index=3, prompt_ids=[1, 40, 41], response_ids=[50, 51, 2],
+        behaviour_logprobs=[-0.1234567, -2.5, -7.0], versions=[3, 3, 4], mask=[1, 1, 1], reward=0.3,
+        created_at=1_700_000_000.25,
+    )
+    fields.update(overrides)
+    return trajectory.Trajectory(**fields)
+
+
+def test_round_trip_is_exact_for_engine_float32_logprobs():
+    import struct
+
+    f32 = [struct.unpack("f", struct.pack("f", x))[0] for x in (-0.1234567, -2.5, -7.0)]
+    traj = make(behaviour_logprobs=f32)
+    assert codec.decode_trajectory(codec.encode_trajectory(traj)) == traj
+
+
+def test_ids_are_stable_and_distinguish_sample_and_attempt():
+    assert trajectory.trajectory_id("j", 0, "p", 1) == trajectory.trajectory_id("j", 0, "p", 1)
+    ids = {trajectory.trajectory_id("j", r, "p", s, a) for r in (0, 1) for s in (0, 1) for a in (0, 1)}
+    assert len(ids) == 8
+
+
+def test_partial_rollout_versions_give_the_oldest_version():
+    assert make(versions=[3, 3, 5]).oldest_version == 3
+
+
+def test_an_unknown_wire_version_is_rejected():
+    body = json.loads(codec.encode_trajectory(make()))
+    body["v"] = 2
+    with pytest.raises(codec.CodecError, match="^v: unsupported wire version 2"):
+        codec.decode_trajectory(json.dumps(body).encode())
+
+
+def test_misaligned_arrays_name_the_field():
+    body = json.loads(codec.encode_trajectory(make()))
+    body["arrays"]["versions"] = base64.b64encode(b"\x01\x00\x00\x00").decode()
+    with pytest.raises(codec.CodecError, match=r"^versions: length 1 != len\(response_ids\) 3"):
+        codec.decode_trajectory(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"\xff\xfe", "not a JSON bus message"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"v": 1, "kind": "weights"}', "kind: expected 'trajectory'"),
+        (b'{"v": 1, "kind": "trajectory"}', "id: missing"),
+    ],
+)
+def test_garbage_is_a_codec_error(data, match):
+    with pytest.raises(codec.CodecError, match=match):
+        codec.decode_trajectory(data)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"mask": [1, 2, 1]}, "mask"),
+        ({"mask": [0, 0, 0]}, "mask"),
+        ({"behaviour_logprobs": [0.5, -1.0, -1.0]}, "behaviour_logprobs"),
+        ({"reward": float("nan")}, "reward"),
+        ({"sample_index": 4}, "sample_index"),
+        ({"versions": [-1, 0, 0]}, "versions"),
+        ({"response_ids": []}, "response_ids"),
+    ],
+)
+def test_invalid_trajectories_are_refused_at_construction(overrides, field):
+    with pytest.raises(trajectory.InvalidTrajectory, match=f"^{field}:"):
+        make(**overrides)
+
+
+def test_announcement_round_trip():
+    data = codec.encode_announcement(7, 21, 123.5)
+    assert codec.decode_announcement(data) == {"version": 7, "step": 21, "created_at": 123.5}
+    with pytest.raises(codec.CodecError, match="kind"):
+        codec.decode_announcement(codec.encode_trajectory(make()))
+
+
+def test_names_are_sanitised_and_per_job():
+    assert subjects.stream_name("team-a", "math.v2") == "ARL_team-a_math_v2"
+    assert subjects.trajectory_subject("team-a", "math.v2") == "asyncrl.team-a.math_v2.traj"
+    assert subjects.weights_subject("ns", "j") == "asyncrl.ns.j.weights"
+    assert subjects.stream_name("a", "b") != subjects.stream_name("b", "a")

@@ -1,0 +1,92 @@
+"""Loss and advantage math against numbers worked out by hand (see each test's comment)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from asyncrl_workloads.trainer import loss
+
+CLIP = loss.ClipSettings(clip_low=0.2, clip_high=0.28, is_cap=2.0)
+
+
+def _inputs(logp_minus_prox, prox_minus_behav, adv, mask=(1.0, 1.0, 1.0), num_tokens=3.0):
+    behaviour = torch.tensor([[-1.0, -2.0, -3.0]])
+    prox = behaviour + torch.log(torch.tensor([prox_minus_behav]))
+    logprobs = (prox + torch.log(torch.tensor([logp_minus_prox]))).requires_grad_(True)
+    return loss.LossInputs(
+        logprobs=logprobs, proximal_logprobs=prox, behaviour_logprobs=behaviour,
+        advantages=torch.tensor([adv]), mask=torch.tensor([mask]), num_tokens=num_tokens,
+    )
+
+
+def test_grpo_advantages_normalise_within_each_group():
+    # group a: [1, 0] mean .5, unbiased std sqrt(.5) -> +-0.70711; group b: equal rewards -> 0;
+    # group c: [1, 0, 0] mean 1/3, std sqrt(1/3) -> [1.1547, -0.57735, -0.57735]; group d (size 1) -> 0
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0, 0.9])
+    groups = ["a", "a", "b", "b", "c", "c", "c", "d"]
+    adv = loss.ADVANTAGES["grpo"](rewards, groups)
+    expected = [0.70711, -0.70711, 0.0, 0.0, 1.15470, -0.57735, -0.57735, 0.0]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-4)
+
+
+def test_ppo_baseline_advantages_subtract_the_batch_mean():
+    adv = loss.ADVANTAGES["ppo"](torch.tensor([1.0, 0.0, 0.5]), ["a", "b", "c"])
+    assert adv.tolist() == pytest.approx([0.5, -0.5, 0.0])
+
+
+def test_ppo_clip_positive_advantage_clips_above_1_plus_clip_high():
+    # ratios [1.5, 0.5, 1.0], A=+1: clip to [0.8, 1.28] -> min(rA, cA) = [1.28, 0.5, 1.0]
+    # loss = -(1.28 + 0.5 + 1.0) / 3 = -0.926667; clipping active only on token 0
+    inputs = _inputs([1.5, 0.5, 1.0], [1.0, 1.0, 1.0], 1.0)
+    value, metrics = loss.LOSSES["none"](inputs, CLIP)
+    assert float(value.detach()) == pytest.approx(-0.926667, abs=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx(1 / 3)
+    value.backward()
+    # d/dlogp of -r/3 = -r/3 where unclipped; 0 where the clipped branch is taken
+    assert inputs.logprobs.grad.tolist()[0] == pytest.approx([0.0, -0.5 / 3, -1.0 / 3], abs=1e-6)
+
+
+def test_ppo_clip_negative_advantage_clips_below_1_minus_clip_low():
+    # A=-1: rA = [-1.5, -0.5, -1], cA = [-1.28, -0.8, -1] -> min = [-1.5, -0.8, -1]; loss = 3.3/3 = 1.1
+    value, metrics = loss.LOSSES["none"](_inputs([1.5, 0.5, 1.0], [1.0, 1.0, 1.0], -1.0), CLIP)
+    assert float(value.detach()) == pytest.approx(1.1, abs=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx(1 / 3)
+
+
+def test_masked_tokens_do_not_count_and_the_global_token_count_normalises():
+    # token 1 masked: -(1.28 + 1.0) / num_tokens; with num_tokens=4 (another rank holds 2 more) -> -0.57
+    inputs = _inputs([1.5, 0.5, 1.0], [1.0, 1.0, 1.0], 1.0, mask=(1.0, 0.0, 1.0), num_tokens=4.0)
+    value, _ = loss.LOSSES["none"](inputs, CLIP)
+    assert float(value.detach()) == pytest.approx(-2.28 / 4, abs=1e-5)
+
+
+def test_decoupled_ppo_weights_by_prox_over_behaviour_and_masks_above_the_cap():
+    # w = [2, 3, 1] (3 > cap 2 -> masked); r = [1.1, 1.0, 0.7] -> min(r, clip r) = [1.1, 1.0, 0.7]
+    # loss = -(2*1.1 + 0 + 1*0.7) / 3 = -0.966667
+    value, metrics = loss.LOSSES["decoupled"](_inputs([1.1, 1.0, 0.7], [2.0, 3.0, 1.0], 1.0), CLIP)
+    assert float(value.detach()) == pytest.approx(-0.966667, abs=1e-5)
+    assert metrics["is_masked_fraction"] == pytest.approx(1 / 3)
+    assert metrics["is_weight_mean"] == pytest.approx(2.0, abs=1e-5)
+
+
+def test_tis_truncates_the_weight_at_the_cap():
+    # w = min([2, 3, 1], 2) = [2, 2, 1]; loss = -(2*1.1 + 2*1.0 + 1*0.7) / 3 = -1.633333
+    inputs = _inputs([1.1, 1.0, 0.7], [2.0, 3.0, 1.0], 1.0)
+    value, metrics = loss.LOSSES["tis"](inputs, CLIP)
+    assert float(value.detach()) == pytest.approx(-1.633333, abs=1e-5)
+    assert metrics["is_truncated_fraction"] == pytest.approx(1 / 3)
+    value.backward()
+    # gradient flows through r only (weights are detached): d/dlogp = -w * r / 3 where r is unclipped
+    # token 2: r=0.7 < 0.8 but A>0 takes min -> unclipped 0.7 -> -1*0.7/3
+    assert inputs.logprobs.grad.tolist()[0] == pytest.approx([-2 * 1.1 / 3, -2 * 1.0 / 3, -0.7 / 3], abs=1e-5)
+
+
+def test_on_policy_corrections_agree_with_plain_ppo():
+    # prox == behav (fresh samples): every variant is the same PPO-clip objective
+    values = [float(loss.LOSSES[name](_inputs([1.5, 0.5, 1.0], [1.0, 1.0, 1.0], 1.0), CLIP)[0].detach())
+              for name in ("none", "decoupled", "tis")]
+    assert values == pytest.approx([values[0]] * 3)
+    assert math.isfinite(values[0])

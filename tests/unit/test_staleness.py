@@ -1,0 +1,92 @@
+"""Staleness filter, group batcher and the consumed-id ledger: the trainer's bookkeeping, no servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl_workloads.bus import trajectory
+from asyncrl_workloads.trainer import batcher, checkpoint, staleness
+
+
+def make(group="g0", index=0, size=2, versions=(5,)):
+    n = len(versions)
+    return trajectory.Trajectory(
+        id=f"{group}:s{index}", job="j", replica=0, group_id=group, group_size=size, sample_index=index,
+        prompt_ids=[1], response_ids=[7] * n, behaviour_logprobs=[-1.0] * n, versions=list(versions),
+        mask=[1] * n, reward=1.0, created_at=0.0,
+    )
+
+
+def test_staleness_is_trainer_version_minus_oldest_token_version():
+    filt = staleness.StalenessFilter(max_staleness=2)
+    assert filt.judge(5, make(versions=(3, 4, 5))) == (staleness.Verdict.KEEP, 2)
+    assert filt.judge(5, make(versions=(2, 5))) == (staleness.Verdict.STALE, 3)
+    assert filt.judge(5, make(versions=(6,))) == (staleness.Verdict.FUTURE, -1)
+    assert (filt.dropped_stale, filt.dropped_future, filt.kept) == (1, 1, 0)
+
+
+def test_a_sample_beyond_the_bound_can_never_be_consumed():
+    filt = staleness.StalenessFilter(max_staleness=0)
+    filt.consume(0)
+    with pytest.raises(ValueError, match="outside"):
+        filt.consume(1)
+    assert (filt.kept, filt.max_kept) == (1, 0)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_batcher_releases_only_complete_groups_oldest_first():
+    b = batcher.GroupBatcher(prompts_per_step=1, group_timeout_s=30, clock=Clock())
+    b.add(make("g0", 0), "m0")
+    b.add(make("g1", 0), "m1")
+    assert b.take_batch() is None
+    b.add(make("g1", 1), "m2")
+    assert [[h for _, h in g] for g in b.take_batch()] == [["m1", "m2"]]
+    b.add(make("g0", 1), "m3")
+    assert [[h for _, h in g] for g in b.take_batch()] == [["m0", "m3"]]
+    assert b.held() == 0
+
+
+def test_a_stale_member_completes_its_group_and_a_redelivery_is_not_held_twice():
+    b = batcher.GroupBatcher(prompts_per_step=1, group_timeout_s=30, clock=Clock())
+    assert b.add(make("g0", 0), "m0")
+    assert not b.add(make("g0", 0), "m0-again")
+    b.note_dropped(make("g0", 1))
+    assert [[h for _, h in g] for g in b.take_batch()] == [["m0"]]
+
+
+def test_a_group_missing_discarded_samples_is_released_after_the_timeout():
+    clock = Clock()
+    b = batcher.GroupBatcher(prompts_per_step=1, group_timeout_s=30, clock=clock)
+    b.add(make("g0", 0, size=4), "m0")
+    clock.now = 29.0
+    assert b.take_batch() is None
+    clock.now = 31.0
+    assert [[h for _, h in g] for g in b.take_batch()] == [["m0"]]
+
+
+def test_ledger_survives_a_restart_and_recognises_trained_and_dropped_ids(tmp_path):
+    path = tmp_path / checkpoint.LEDGER
+    ledger = checkpoint.Ledger.load(path)
+    ledger.record_step(1, 0, ["a", "b"])
+    ledger.record_drops(["stale-1"], ["bad-1"], undecodable=2)
+    again = checkpoint.Ledger.load(path)
+    assert all(again.seen(i) for i in ("a", "b", "stale-1", "bad-1"))
+    assert not again.seen("c")
+    assert (again.consumed_total, again.dropped_stale, again.dropped_invalid, again.acked_total) == (2, 1, 3, 6)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_ledger_forgets_old_steps_only_after_the_time_window(tmp_path):
+    ledger = checkpoint.Ledger.load(tmp_path / checkpoint.LEDGER, keep_seconds=0.0)
+    ledger.keep_steps = 2
+    for step in range(1, 5):
+        ledger.record_step(step, 0, [f"id{step}"])
+    assert [ledger.seen(f"id{s}") for s in range(1, 5)] == [False, False, True, True]
+    assert ledger.consumed_total == 4

@@ -1,0 +1,1 @@
+"""Trajectory bus: NATS JetStream transport shared by the rollout (publisher) and the trainer (consumer)."""

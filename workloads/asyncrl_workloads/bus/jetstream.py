@@ -1,0 +1,230 @@
+"""The trajectory bus on NATS JetStream: one work-queue stream per job, a publisher and a consumer.
+
+Rollout replicas use `Publisher`; trainer rank 0 uses `Consumer`; both call `ensure_stream` first (it is
+idempotent, so whichever starts first creates the stream). Stream per job (`subjects.stream_name`):
+
+- retention work-queue: a message leaves the stream when the trainer acks it, and the trainer acks
+  only after the optimizer step that used it (trainer/loop.py), so a crash in between redelivers it;
+- max_msgs = spec.async.queue.maxSize; whenFull dropOldest -> discard old (the server drops the oldest;
+  the trainer derives the count, see `queue_full_drops`), block -> discard new: the server refuses the
+  publish and the publisher backs off exponentially until there is room (counted as backoffs and
+  blocked seconds), so nothing is lost and generation slows to the trainer's pace;
+- file storage; every publish carries `Nats-Msg-Id: <trajectory id>` so a retried publish inside the
+  duplicate window is stored once.
+
+The consumer is a durable pull consumer. On open it is deleted and re-created, which makes the server
+deliver every message still in the stream at once - including those a crashed trainer had pulled but
+not acked - instead of after `ack_wait`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import time
+from typing import Any, Literal
+
+import nats.errors
+import nats.js
+import nats.js.api
+import nats.js.errors
+
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import codec, subjects
+from asyncrl_workloads.bus import trajectory as trajectory_mod
+
+WhenFull = Literal["dropOldest", "block"]
+_JS_STREAM_FULL = 10077  # JSStreamStoreFailedF: "maximum messages exceeded" under discard new
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSettings:
+    namespace: str
+    job: str
+    max_size: int
+    """spec.async.queue.maxSize: trajectories the stream holds at most."""
+    when_full: WhenFull = "dropOldest"
+    duplicate_window_s: float = 120.0
+    """Publishes with an id seen within this window are dropped by the server (a retry, not a sample)."""
+    ack_wait_s: float = 600.0
+    """How long a pulled, unacked message stays with the trainer before the server redelivers it."""
+
+    @property
+    def stream(self) -> str:
+        return subjects.stream_name(self.namespace, self.job)
+
+    @property
+    def subject(self) -> str:
+        return subjects.trajectory_subject(self.namespace, self.job)
+
+    def stream_config(self) -> nats.js.api.StreamConfig:
+        return nats.js.api.StreamConfig(
+            name=self.stream,
+            subjects=[self.subject],
+            retention=nats.js.api.RetentionPolicy.WORK_QUEUE,
+            max_msgs=self.max_size,
+            discard=nats.js.api.DiscardPolicy.OLD
+            if self.when_full == "dropOldest"
+            else nats.js.api.DiscardPolicy.NEW,
+            storage=nats.js.api.StorageType.FILE,
+            duplicate_window=self.duplicate_window_s,
+        )
+
+
+async def ensure_stream(js: nats.js.JetStreamContext, settings: StreamSettings) -> None:
+    """Create the job's stream, or bring an existing one to these limits."""
+    config = settings.stream_config()
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError:  # exists with another config (e.g. maxSize changed)
+        await js.update_stream(config)
+
+
+def _is_full(exc: nats.js.errors.APIError) -> bool:
+    return exc.err_code == _JS_STREAM_FULL or "maximum messages" in str(exc.description or "")
+
+
+class Publisher:
+    """Publishes trajectories; with whenFull block, waits (backing off) until the stream has room."""
+
+    def __init__(
+        self,
+        js: nats.js.JetStreamContext,
+        settings: StreamSettings,
+        metrics: metrics_mod.Bound | None = None,
+        max_backoff_s: float = 1.0,
+    ) -> None:
+        self._js = js
+        self._settings = settings
+        self._metrics = metrics
+        self._max_backoff_s = max_backoff_s
+        self.backoffs = 0
+        self.blocked_seconds = 0.0
+
+    async def publish(self, traj: trajectory_mod.Trajectory) -> bool:
+        """Store one trajectory. False if the server had it already (a retry inside the window)."""
+        data = codec.encode_trajectory(traj)
+        delay = 0.01
+        while True:
+            try:
+                ack = await self._js.publish(
+                    self._settings.subject,
+                    data,
+                    stream=self._settings.stream,
+                    headers={"Nats-Msg-Id": traj.id},
+                )
+                break
+            except nats.js.errors.APIError as exc:
+                if self._settings.when_full != "block" or not _is_full(exc):
+                    raise
+            self.backoffs += 1
+            self.blocked_seconds += delay
+            if self._metrics is not None:
+                self._metrics.publish_backoffs.inc()
+                self._metrics.publish_blocked_seconds.inc(delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._max_backoff_s)
+        if ack.duplicate:
+            return False
+        if self._metrics is not None:
+            self._metrics.produced.inc()
+        return True
+
+
+@dataclasses.dataclass
+class Received:
+    """One pulled message: the trajectory, or why it could not be decoded; `msg` is acked by the loop."""
+
+    msg: Any
+    trajectory: trajectory_mod.Trajectory | None
+    error: str | None
+    deliveries: int
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueState:
+    messages: int
+    """In the stream now: not yet delivered, or delivered and not yet acked."""
+    first_seq: int
+    last_seq: int
+    """Sequence of the last stored message = trajectories ever stored (the stream starts at 1)."""
+    oldest_age_s: float
+
+
+def queue_full_drops(state: QueueState, acked_total: int) -> int:
+    """Trajectories the server discarded (dropOldest) before the trainer acked them.
+
+    Every stored message (last_seq of them) is in the stream, was acked by the trainer, or was discarded
+    by the max_msgs limit; `acked_total` must count every ack the trainer ever sent, across restarts
+    (the ledger persists it).
+    """
+    return max(state.last_seq - state.messages - acked_total, 0)
+
+
+class Consumer:
+    """Trainer-side pull consumer (one per job, durable name `subjects.TRAINER_CONSUMER`)."""
+
+    def __init__(
+        self, js: nats.js.JetStreamContext, settings: StreamSettings, max_ack_pending: int = 0
+    ) -> None:
+        self._js = js
+        self._settings = settings
+        self._max_ack_pending = max_ack_pending or max(1000, 2 * settings.max_size)
+        self._sub: Any = None
+
+    async def open(self) -> None:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self._js.delete_consumer(self._settings.stream, subjects.TRAINER_CONSUMER)
+        config = nats.js.api.ConsumerConfig(
+            durable_name=subjects.TRAINER_CONSUMER,
+            ack_policy=nats.js.api.AckPolicy.EXPLICIT,
+            deliver_policy=nats.js.api.DeliverPolicy.ALL,
+            ack_wait=self._settings.ack_wait_s,
+            max_ack_pending=self._max_ack_pending,
+            max_deliver=-1,
+        )
+        self._sub = await self._js.pull_subscribe(
+            self._settings.subject,
+            durable=subjects.TRAINER_CONSUMER,
+            stream=self._settings.stream,
+            config=config,
+        )
+
+    async def fetch(self, max_msgs: int, timeout_s: float) -> list[Received]:
+        """Up to `max_msgs` messages; [] if none arrived within `timeout_s`."""
+        try:
+            msgs = await self._sub.fetch(max_msgs, timeout=timeout_s)
+        except nats.errors.TimeoutError:
+            return []
+        out = []
+        for msg in msgs:
+            deliveries = msg.metadata.num_delivered if msg.metadata else 1
+            try:
+                out.append(Received(msg, codec.decode_trajectory(msg.data), None, deliveries))
+            except codec.CodecError as exc:
+                out.append(Received(msg, None, str(exc), deliveries))
+        return out
+
+    async def state(self) -> QueueState:
+        info = await self._js.stream_info(self._settings.stream)
+        st = info.state
+        age = 0.0
+        if st.messages:
+            try:
+                first = await self._js.get_msg(self._settings.stream, seq=st.first_seq, next=True)
+                if first.time is not None:
+                    age = max(
+                        time.time()
+                        - first.time.replace(tzinfo=first.time.tzinfo or datetime.UTC).timestamp(),
+                        0.0,
+                    )
+            except nats.js.errors.NotFoundError:
+                pass
+        return QueueState(st.messages, st.first_seq, st.last_seq, age)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None

@@ -1,0 +1,50 @@
+"""`asyncrl-trainer --config /etc/asyncrl/job.json`: the trainer pod's command (torchrun-compatible).
+
+Parses and checks the rendered config before importing torch, so a bad config fails in a second with one
+line on stderr and exit code 2; a startup failure (NATS unreachable, ...) exits 1 with one line.
+Identity comes from the environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun
+or the operator's StatefulSet), ASYNCRL_METRICS_PORT, ASYNCRL_PROGRESS_FILE, ASYNCRL_STEP_LOG (local).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import sys
+
+import pydantic
+from asyncrl_api import config as config_mod
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"asyncrl-trainer: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl-trainer")
+    parser.add_argument("--config", default=config_mod.MOUNT_PATH, help="rendered job config (job.json)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_mod.load(args.config)
+    except OSError as exc:
+        return _fail(2, f"--config: cannot read {args.config}: {exc.strerror}")
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        return _fail(2, f"{args.config}: {'.'.join(map(str, err['loc']))}: {err['msg']}")
+    model = pathlib.Path(cfg.spec.model.path)
+    if not (model / "config.json").is_file() and cfg.spec.model.create is None:
+        return _fail(2, f"spec.model.path: no model at {model} (config.json missing)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(name)s: %(message)s")
+    from asyncrl_workloads.trainer import main as trainer_main  # heavy: torch, transformers
+
+    try:
+        trainer_main.run(cfg)
+    except trainer_main.StartupError as exc:
+        return _fail(1, str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

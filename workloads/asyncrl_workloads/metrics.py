@@ -1,0 +1,126 @@
+"""Every Prometheus metric of the data plane (design.md §5), defined once for rollout and trainer.
+
+Imported by the rollout worker, the trajectory bus, the weight sync and the trainer; each process
+serves `REGISTRY` on its metrics port with `serve()`. Metrics carry the labels namespace, job, role and
+replica (plus `reason` on drops): bounded cardinality - one series per pod, never per sample or prompt.
+Call `bind(identity)` once per process and use the returned `Bound` everywhere, so no caller can invent
+a label value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import prometheus_client
+
+REGISTRY = prometheus_client.CollectorRegistry()
+_LABELS = ("namespace", "job", "role", "replica")
+DROP_REASONS = ("queue_full", "stale", "invalid")
+
+_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_REWARD_BUCKETS = (-1.0, -0.5, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.0)
+_TURN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+def _counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> prometheus_client.Counter:
+    return prometheus_client.Counter(name, doc, _LABELS + extra, registry=REGISTRY)
+
+
+def _gauge(name: str, doc: str) -> prometheus_client.Gauge:
+    return prometheus_client.Gauge(name, doc, _LABELS, registry=REGISTRY)
+
+
+def _histogram(name: str, doc: str, buckets: tuple[float, ...]) -> prometheus_client.Histogram:
+    return prometheus_client.Histogram(name, doc, _LABELS, buckets=buckets, registry=REGISTRY)
+
+
+# prometheus_client appends _total to counters itself.
+PRODUCED = _counter(
+    "asyncrl_trajectories_produced", "Trajectories published to the bus (server-acked, not duplicates)."
+)
+CONSUMED = _counter("asyncrl_trajectories_consumed", "Trajectories used in an optimizer step and acked.")
+DROPPED = _counter("asyncrl_trajectories_dropped", "Trajectories never trained on, by reason.", ("reason",))
+QUEUE_DEPTH = _gauge("asyncrl_queue_depth", "Trajectories in the bus stream (including delivered, unacked).")
+QUEUE_OLDEST_AGE = _gauge("asyncrl_queue_oldest_age_seconds", "Age of the oldest trajectory in the stream.")
+STALENESS = _histogram(
+    "asyncrl_sample_staleness", "Policy versions a consumed sample lags the trainer.", _STALENESS_BUCKETS
+)
+PARAM_VERSION = _gauge(
+    "asyncrl_param_version", "Policy version: broadcast by the trainer / loaded by a rollout."
+)
+WEIGHT_SYNC_SECONDS = _histogram(
+    "asyncrl_weight_sync_seconds", "Weight transfer time per sync.", _SECONDS_BUCKETS
+)
+ROLLOUT_PAUSE_SECONDS = _histogram(
+    "asyncrl_rollout_pause_seconds", "Generation paused per sync.", _SECONDS_BUCKETS
+)
+TRAINER_STEP = _gauge("asyncrl_trainer_step", "Trainer optimizer steps completed.")
+TRAINER_LAST_STEP_TS = _gauge(
+    "asyncrl_trainer_last_step_timestamp_seconds", "Unix time of the last trainer step."
+)
+TRAINER_IDLE = _gauge(
+    "asyncrl_trainer_idle_ratio", "Fraction of the last step's wall time spent waiting for data."
+)
+ROLLOUT_IDLE = _gauge(
+    "asyncrl_rollout_idle_ratio", "Fraction of recent wall time the engine had nothing to generate."
+)
+TOKENS_GENERATED = _counter("asyncrl_tokens_generated", "Response tokens generated.")
+REWARD = _histogram("asyncrl_reward", "Reward per trajectory.", _REWARD_BUCKETS)
+PARTIAL_ROLLOUTS = _counter(
+    "asyncrl_partial_rollouts", "Samples whose tokens span more than one policy version."
+)
+TOOL_CALLS = _counter("asyncrl_tool_calls", "Agent-loop tool calls.")
+AGENT_TURNS = _histogram("asyncrl_agent_turns", "Assistant turns per agent trajectory.", _TURN_BUCKETS)
+PREEMPTED = _counter("asyncrl_preempted", "In-flight requests interrupted by a weight update.")
+PUBLISH_BLOCKED_SECONDS = _counter(
+    "asyncrl_bus_publish_blocked_seconds", "Time publishers backed off on a full queue (whenFull: block)."
+)
+PUBLISH_BACKOFFS = _counter("asyncrl_bus_publish_backoffs", "Publishes refused by a full queue and retried.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    namespace: str
+    job: str
+    role: str
+    replica: str = "0"
+
+
+class Bound:
+    """The metrics above with this process's identity labels filled in."""
+
+    def __init__(self, identity: Identity) -> None:
+        values = dataclasses.astuple(identity)
+        self.identity = identity
+        self.produced = PRODUCED.labels(*values)
+        self.consumed = CONSUMED.labels(*values)
+        self.dropped = {reason: DROPPED.labels(*values, reason) for reason in DROP_REASONS}
+        self.queue_depth = QUEUE_DEPTH.labels(*values)
+        self.queue_oldest_age = QUEUE_OLDEST_AGE.labels(*values)
+        self.staleness = STALENESS.labels(*values)
+        self.param_version = PARAM_VERSION.labels(*values)
+        self.weight_sync_seconds = WEIGHT_SYNC_SECONDS.labels(*values)
+        self.rollout_pause_seconds = ROLLOUT_PAUSE_SECONDS.labels(*values)
+        self.trainer_step = TRAINER_STEP.labels(*values)
+        self.trainer_last_step_ts = TRAINER_LAST_STEP_TS.labels(*values)
+        self.trainer_idle = TRAINER_IDLE.labels(*values)
+        self.rollout_idle = ROLLOUT_IDLE.labels(*values)
+        self.tokens_generated = TOKENS_GENERATED.labels(*values)
+        self.reward = REWARD.labels(*values)
+        self.partial_rollouts = PARTIAL_ROLLOUTS.labels(*values)
+        self.tool_calls = TOOL_CALLS.labels(*values)
+        self.agent_turns = AGENT_TURNS.labels(*values)
+        self.preempted = PREEMPTED.labels(*values)
+        self.publish_blocked_seconds = PUBLISH_BLOCKED_SECONDS.labels(*values)
+        self.publish_backoffs = PUBLISH_BACKOFFS.labels(*values)
+
+
+def bind(identity: Identity) -> Bound:
+    return Bound(identity)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve REGISTRY at http://addr:port/metrics from a daemon thread (0 = don't serve)."""
+    if port:
+        prometheus_client.start_http_server(port, addr=addr, registry=REGISTRY)

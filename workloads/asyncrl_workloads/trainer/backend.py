@@ -1,0 +1,220 @@
+"""Trainer backends: the abstract interface the loop drives, FSDP2 (implemented) and megatron (stub).
+
+Called by trainer/loop.py (step, full_tensors) and trainer/checkpoint.py (state). Every rank holds the
+same list of trajectories for a step; each rank trains its slice (rank::world) of every mini-batch, and
+FSDP2 averages gradients across ranks. A rank whose slice is empty trains a copy of another sample with
+an all-zero mask, so every rank makes the same collective calls.
+
+One step (GRPO/PPO over a step's groups, as in PPO's "old policy" scheme):
+  1. advantages from rewards (loss.ADVANTAGES[algorithm.name]) over the whole step;
+  2. proximal logprobs = the current policy before any update, without grad (skipped for correction none);
+  3. for each of `updates` mini-batches: forward, loss.LOSSES[algorithm.correction], backward, clip
+     the gradient norm, optimizer step.
+Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM) in float32,
+log_softmax(logits / temperature), matching what the rollout engine sampled from.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.trainer import fsdp, loss
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    model_path: str
+    algorithm: str = "grpo"
+    correction: str = "decoupled"
+    clip: loss.ClipSettings = dataclasses.field(default_factory=loss.ClipSettings)
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    updates_per_step: int = 1
+    """Optimizer updates per step: batch.miniBatches * async.requireBatches."""
+    temperature: float = 1.0
+    seed: int = 0
+
+
+class TrainerBackend(abc.ABC):
+    """What the loop needs from a training backend."""
+
+    @abc.abstractmethod
+    def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
+        """One training step on the (same, on every rank) batch; returns metrics (rank-local)."""
+
+    @abc.abstractmethod
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights under Hugging Face names, for weight sync. Collective: all ranks iterate fully."""
+
+    @abc.abstractmethod
+    def state(self) -> dict[str, Any]:
+        """Sharded model + optimizer state for torch.distributed.checkpoint."""
+
+    @abc.abstractmethod
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Apply a state loaded by torch.distributed.checkpoint."""
+
+
+def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=dtype)
+
+
+class FSDP2Backend(TrainerBackend):
+    def __init__(self, settings: TrainSettings, world: fsdp.World) -> None:
+        import transformers  # heavy; imported only when a backend is built
+
+        torch.manual_seed(settings.seed)
+        self.settings = settings
+        self.world = world
+        model = transformers.AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
+        model.to(world.device)
+        self.model = fsdp.shard(model, world)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+        )
+        warmup = max(settings.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+
+    # --- log-probabilities ----------------------------------------------------------------------
+
+    def _response_logprobs(self, trajs: list[trajectory_mod.Trajectory]) -> torch.Tensor:
+        """(B, R) logprobs of each response token under the current model (R = longest response)."""
+        seqs = [t.prompt_ids + t.response_ids for t in trajs]
+        input_ids = _pad([list(map(float, s)) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
+        attention = _pad([[1.0] * len(s) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
+        logits = self.model(input_ids=input_ids, attention_mask=attention).logits.float()  # (B, L, V)
+        logp = torch.log_softmax(logits[:, :-1] / self.settings.temperature, dim=-1)  # (B, L-1, V)
+        token_logp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
+        width = max(len(t.response_ids) for t in trajs)
+        index = torch.tensor(
+            [
+                [
+                    min(len(t.prompt_ids) - 1 + j, len(t.prompt_ids) + len(t.response_ids) - 2)
+                    for j in range(width)
+                ]
+                for t in trajs
+            ],
+            device=self.world.device,
+        )  # (B, R): position in token_logp of response token j
+        return token_logp.gather(1, index)  # (B, R)
+
+    def _shard(self, trajs: list[trajectory_mod.Trajectory]) -> tuple[list[trajectory_mod.Trajectory], bool]:
+        mine = trajs[self.world.rank :: self.world.size]
+        return (mine, True) if mine else ([trajs[0]], False)
+
+    # --- the step -------------------------------------------------------------------------------
+
+    def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
+        s = self.settings
+        rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)  # (N,)
+        advantages = loss.ADVANTAGES[s.algorithm](rewards, [t.group_id for t in batch])  # (N,)
+        adv_of = {t.id: float(a) for t, a in zip(batch, advantages, strict=True)}
+        updates = max(1, min(s.updates_per_step, len(batch)))
+        chunks = [batch[i::updates] for i in range(updates)]  # every chunk mixes groups and replicas
+        proximal: dict[str, torch.Tensor] = {}
+        if s.correction != "none":
+            with torch.no_grad():
+                for chunk in chunks:
+                    mine, _ = self._shard(chunk)
+                    for t, row in zip(mine, self._response_logprobs(mine), strict=True):
+                        proximal[t.id] = row[: len(t.response_ids)].cpu()
+        totals: dict[str, float] = {}
+        for chunk in chunks:
+            mine, real = self._shard(chunk)
+            global_tokens = float(sum(sum(t.mask) for t in chunk))
+            mask = _pad([list(map(float, t.mask)) for t in mine], 0.0, torch.float32)  # (B, R)
+            if not real:
+                mask.zero_()
+            behaviour = _pad([t.behaviour_logprobs for t in mine], 0.0, torch.float32)  # (B, R)
+            prox = (
+                _pad([proximal[t.id].tolist() for t in mine], 0.0, torch.float32) if proximal else behaviour
+            )  # (B, R)
+            dev = self.world.device
+            logprobs = self._response_logprobs(mine)  # (B, R)
+            inputs = loss.LossInputs(
+                logprobs=logprobs,
+                proximal_logprobs=prox.to(dev),
+                behaviour_logprobs=behaviour.to(dev),
+                advantages=torch.tensor([adv_of[t.id] for t in mine], device=dev),
+                mask=mask.to(dev),
+                num_tokens=global_tokens,
+            )
+            value, metrics = loss.LOSSES[s.correction](inputs, s.clip)
+            (value * self.world.size).backward()  # FSDP2 averages gradients over ranks; undo to sum
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics["loss"] = float(value.detach())
+            metrics["grad_norm"] = float(
+                grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            )
+            with torch.no_grad():
+                diff = ((prox - behaviour).abs() * mask).sum() / mask.sum().clamp(min=1.0)
+            metrics["logprob_abs_diff"] = float(diff)
+            for key, val in metrics.items():
+                totals[key] = totals.get(key, 0.0) + val / len(chunks)
+        self.scheduler.step()
+        totals["reward_mean"] = float(rewards.mean())
+        totals["samples"] = float(len(batch))
+        totals["lr"] = float(self.scheduler.get_last_lr()[0])
+        return totals
+
+    # --- weights and state ----------------------------------------------------------------------
+
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return fsdp.full_tensors(self.model)
+
+    def state(self) -> dict[str, Any]:
+        import torch.distributed.checkpoint.state_dict as dcp_state
+
+        model_sd, optim_sd = dcp_state.get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd, "scheduler": self.scheduler.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint.state_dict as dcp_state
+
+        dcp_state.set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class MegatronBackend(TrainerBackend):
+    """megatron-core backend (tp/pp/cp/ep) - not implemented yet.
+
+    Why: megatron-core's GPTModel attention allocates on CUDA in forward, so it cannot run on the CPU
+    machines this project is tested on, and megatron-core >= 0.17 needs Python >= 3.12. The class keeps
+    the interface so the operator's `backend: megatron` maps to a clear error instead of a crash.
+    """
+
+    def __init__(self, settings: TrainSettings, world: fsdp.World) -> None:
+        raise NotImplementedError(
+            "spec.trainer.backend: megatron is not implemented yet (megatron-core's forward needs CUDA and "
+            "a Python >= 3.12 release); use backend: fsdp2"
+        )
+
+    def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+BACKENDS: dict[str, type[TrainerBackend]] = {"fsdp2": FSDP2Backend, "megatron": MegatronBackend}

@@ -1,0 +1,96 @@
+"""Groups trajectories by prompt and releases whole groups as training batches.
+
+Called by trainer/loop.py (rank 0 only). GRPO normalises rewards within a prompt's group, so the
+batcher holds samples until their group is complete: every one of `group_size` samples has either
+arrived or been dropped by the staleness filter. Samples the queue discarded (dropOldest) never
+arrive, so a group that has waited `group_timeout_s` since its first sample is released with what it
+has. A step takes `prompts_per_step` groups (spec.trainer.batch.prompts * spec.async.requireBatches);
+groups are served oldest first.
+
+`H` is the caller's handle for acknowledging a sample (a NATS message); the batcher never acks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from asyncrl_workloads.bus import trajectory as trajectory_mod
+
+H = TypeVar("H")
+
+
+@dataclasses.dataclass
+class _Group(Generic[H]):
+    size: int
+    first_seen: float
+    members: list[tuple[trajectory_mod.Trajectory, H]] = dataclasses.field(default_factory=list)
+    sample_indices: set[int] = dataclasses.field(default_factory=set)
+    dropped: int = 0
+
+    def complete(self) -> bool:
+        return len(self.members) + self.dropped >= self.size
+
+
+class GroupBatcher(Generic[H]):
+    def __init__(
+        self, prompts_per_step: int, group_timeout_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.prompts_per_step = prompts_per_step
+        self.group_timeout_s = group_timeout_s
+        self._clock = clock
+        self._groups: dict[str, _Group[H]] = {}
+
+    def _group(self, traj: trajectory_mod.Trajectory) -> _Group[H]:
+        group = self._groups.get(traj.group_id)
+        if group is None:
+            group = _Group(size=traj.group_size, first_seen=self._clock())
+            self._groups[traj.group_id] = group
+        return group
+
+    def add(self, traj: trajectory_mod.Trajectory, handle: H) -> bool:
+        """Hold a kept sample. False if this sample index of the group is already held (a redelivery)."""
+        group = self._group(traj)
+        if traj.sample_index in group.sample_indices:
+            return False
+        group.sample_indices.add(traj.sample_index)
+        group.members.append((traj, handle))
+        return True
+
+    def note_dropped(self, traj: trajectory_mod.Trajectory) -> None:
+        """A member of the group was dropped (stale): the group need not wait for it."""
+        group = self._group(traj)
+        if traj.sample_index not in group.sample_indices:
+            group.sample_indices.add(traj.sample_index)
+            group.dropped += 1
+        if not group.members and group.complete():
+            del self._groups[traj.group_id]
+
+    def held(self) -> int:
+        return sum(len(g.members) for g in self._groups.values())
+
+    def _ready_ids(self) -> list[str]:
+        now = self._clock()
+        for gid in [
+            gid
+            for gid, g in self._groups.items()
+            if not g.members and now - g.first_seen >= self.group_timeout_s
+        ]:
+            del self._groups[gid]  # every sample that arrived was stale; the rest were discarded
+        return [
+            gid
+            for gid, g in self._groups.items()
+            if g.members and (g.complete() or now - g.first_seen >= self.group_timeout_s)
+        ]
+
+    def take_batch(self) -> list[list[tuple[trajectory_mod.Trajectory, H]]] | None:
+        """`prompts_per_step` ready groups (oldest first), removed from the batcher; None if too few."""
+        ready = self._ready_ids()
+        if len(ready) < self.prompts_per_step:
+            return None
+        batch = []
+        for gid in ready[: self.prompts_per_step]:
+            batch.append(self._groups.pop(gid).members)
+        return batch

@@ -1,0 +1,183 @@
+"""Trainer checkpoints (sharded model + optimizer, every N steps) and the consumed-trajectory ledger.
+
+Called by trainer/loop.py. Two files with two cadences, so that after a crash no trajectory id is
+trained twice:
+
+- The **ledger** (`<path>/ledger.json`, rank 0, every step) records the ids used by recent steps and
+  the bus counters (acked, consumed, dropped). The loop writes it after the optimizer step and
+  *before* acking, so a crash between step and ack leaves ids that the restarted trainer recognises
+  when the server redelivers them: it acks them without training.
+- The **checkpoint** (`<path>/step-00000042/`, all ranks, every `everySteps`) is written with
+  torch.distributed.checkpoint into `step-….tmp` and renamed into place by rank 0 once complete, with
+  `meta.json` last; `latest()` only sees renamed directories, so a half-written one is never loaded.
+
+Resuming restores the model from the latest checkpoint and the counters from the ledger. Steps after
+the checkpoint are lost for the model but their samples stay consumed (never re-trained): losing a
+few samples is preferred over training any twice. For several nodes `path` must be a shared volume.
+Both files are written atomically (write to a temp name, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import time
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from asyncrl_workloads.trainer import backend as backend_mod
+from asyncrl_workloads.trainer import fsdp
+
+LEDGER = "ledger.json"
+_PREFIX = "step-"
+
+
+def write_atomic(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class Ledger:
+    """What the bus has delivered and the trainer has done with it (rank 0)."""
+
+    path: pathlib.Path | None
+    step: int = 0
+    param_version: int = 0
+    acked_total: int = 0
+    """Every message the trainer acked (or is about to): consumed + dropped stale + dropped invalid."""
+    consumed_total: int = 0
+    dropped_stale: int = 0
+    dropped_invalid: int = 0
+    recent: list[tuple[int, float, list[str]]] = dataclasses.field(default_factory=list)
+    """(step, unix time, ids trained or dropped), newest last; entries of the last `keep_steps` steps or
+    younger than `keep_seconds` (> the consumer's ack_wait) are kept, so any redelivery is recognised."""
+    keep_steps: int = 16
+    keep_seconds: float = 1200.0
+    _seen: set[str] = dataclasses.field(default_factory=set, repr=False)
+
+    @classmethod
+    def load(cls, path: pathlib.Path | None, keep_seconds: float = 1200.0) -> Ledger:
+        ledger = cls(path=path, keep_seconds=keep_seconds)
+        if path is None or not path.exists():
+            return ledger
+        body = json.loads(path.read_text())
+        for name in (
+            "step",
+            "param_version",
+            "acked_total",
+            "consumed_total",
+            "dropped_stale",
+            "dropped_invalid",
+        ):
+            setattr(ledger, name, int(body[name]))
+        ledger.recent = [(int(s), float(t), list(ids)) for s, t, ids in body["recent"]]
+        ledger._seen = {i for _, _, ids in ledger.recent for i in ids}
+        return ledger
+
+    def seen(self, trajectory_id: str) -> bool:
+        return trajectory_id in self._seen
+
+    def record_step(self, step: int, param_version: int, ids: list[str]) -> None:
+        """The optimizer step `step` used `ids`. Persisted before the loop acks them."""
+        self.step, self.param_version = step, param_version
+        self.consumed_total += len(ids)
+        self._remember(step, ids)
+
+    def record_drops(self, stale_ids: list[str], invalid_ids: list[str], undecodable: int = 0) -> None:
+        """Samples about to be acked without training (`undecodable` ones have no id). Persisted first."""
+        self.dropped_stale += len(stale_ids)
+        self.dropped_invalid += len(invalid_ids) + undecodable
+        self._remember(self.step, stale_ids + invalid_ids)
+
+    def _remember(self, step: int, ids: list[str]) -> None:
+        now = time.time()
+        self.recent.append((step, now, list(ids)))
+        steps = sorted({s for s, _, _ in self.recent})
+        horizon = steps[-self.keep_steps] if len(steps) > self.keep_steps else steps[0]
+        self.recent = [r for r in self.recent if r[0] >= horizon or now - r[1] <= self.keep_seconds]
+        self._seen = {i for _, _, r in self.recent for i in r}
+        self.acked_total = self.consumed_total + self.dropped_stale + self.dropped_invalid
+        self.save()
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        body = {
+            name: getattr(self, name)
+            for name in (
+                "step",
+                "param_version",
+                "acked_total",
+                "consumed_total",
+                "dropped_stale",
+                "dropped_invalid",
+            )
+        }
+        body["recent"] = self.recent
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, json.dumps(body))
+
+
+class Checkpointer:
+    def __init__(self, root: pathlib.Path, every_steps: int, keep: int, world: fsdp.World) -> None:
+        self.root = root
+        self.every_steps = every_steps
+        self.keep = keep
+        self.world = world
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and step % self.every_steps == 0
+
+    def _dirs(self) -> list[pathlib.Path]:
+        if not self.root.is_dir():
+            return []
+        found = [
+            p
+            for p in self.root.iterdir()
+            if p.name.startswith(_PREFIX) and not p.name.endswith(".tmp") and (p / "meta.json").exists()
+        ]
+        return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
+
+    def latest(self) -> tuple[pathlib.Path, dict[str, Any]] | None:
+        dirs = self._dirs()
+        if not dirs:
+            return None
+        return dirs[-1], json.loads((dirs[-1] / "meta.json").read_text())
+
+    def save(self, step: int, backend: backend_mod.TrainerBackend, meta: dict[str, Any]) -> pathlib.Path:
+        """Collective: every rank calls it. Returns the final directory."""
+        final = self.root / f"{_PREFIX}{step:08d}"
+        tmp = self.root / f"{final.name}.tmp"
+        if self.world.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        if self.world.size > 1:
+            dist.barrier()
+        dcp.save(backend.state(), checkpoint_id=str(tmp))
+        if self.world.size > 1:
+            dist.barrier()
+        if self.world.is_main:
+            write_atomic(tmp / "meta.json", json.dumps({"step": step, **meta}))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for old in self._dirs()[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        if self.world.size > 1:
+            dist.barrier()
+        return final
+
+    def load(self, directory: pathlib.Path, backend: backend_mod.TrainerBackend) -> None:
+        """Collective: restore model, optimizer and scheduler state from `directory`."""
+        state = backend.state()
+        dcp.load(state, checkpoint_id=str(directory))
+        backend.load_state(state)

@@ -1,0 +1,115 @@
+"""Trainer rank 0's intake: pull from the bus, drop what may not be trained, hand out whole batches.
+
+Called by trainer/loop.py once per step (`next_batch`) and after each step (`ack`). For every pulled
+message, in order:
+
+1. undecodable or malformed -> acked, counted dropped{reason=invalid};
+2. id already in the ledger (a redelivery of a sample trained or dropped before a crash) -> acked,
+   not counted again, never trained;
+3. staleness > maxStaleness -> acked, counted dropped{reason=stale}; from a future version -> invalid;
+4. otherwise held in the group batcher (unacked) until its group is complete.
+
+Staleness is judged again when a batch is taken, because versions advance while a group waits; so no
+sample older than maxStaleness versions ever reaches a step. Drops are written to the ledger before
+they are acked (a crash in between cannot count them twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import jetstream
+from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.trainer import batcher as batcher_mod
+from asyncrl_workloads.trainer import checkpoint, staleness
+
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    trajectory: trajectory_mod.Trajectory
+    received: jetstream.Received
+    staleness: int
+
+
+class Inbox:
+    def __init__(
+        self,
+        consumer: jetstream.Consumer,
+        stale_filter: staleness.StalenessFilter,
+        batcher: batcher_mod.GroupBatcher[jetstream.Received],
+        ledger: checkpoint.Ledger,
+        metrics: metrics_mod.Bound,
+        fetch_batch: int = 256,
+        fetch_timeout_s: float = 0.5,
+    ) -> None:
+        self.consumer = consumer
+        self.filter = stale_filter
+        self.batcher = batcher
+        self.ledger = ledger
+        self.metrics = metrics
+        self.fetch_batch = fetch_batch
+        self.fetch_timeout_s = fetch_timeout_s
+        self.redeliveries_skipped = 0
+
+    async def next_batch(self, version: int, stop: asyncio.Event, wait_s: float) -> list[Taken] | None:
+        """The next step's samples (all within the staleness bound); [] if none within `wait_s`; None
+        once `stop` is set. Never cancelled mid-fetch: a cancelled pull could strand delivered messages
+        until the server's ack_wait."""
+        deadline = time.monotonic() + wait_s
+        while not stop.is_set():
+            if time.monotonic() > deadline:
+                return []
+            groups = self.batcher.take_batch()
+            if groups is not None:
+                kept, stale, future = [], [], []
+                for group in groups:
+                    for traj, received in group:
+                        verdict, lag = self.filter.judge(version, traj)
+                        if verdict is staleness.Verdict.KEEP:
+                            kept.append(Taken(traj, received, lag))
+                        else:
+                            (stale if verdict is staleness.Verdict.STALE else future).append(received)
+                await self._drop(stale, future)
+                if kept:
+                    return kept
+                continue
+            await self._sort(await self.consumer.fetch(self.fetch_batch, self.fetch_timeout_s), version)
+        return None
+
+    async def _sort(self, received: list[jetstream.Received], version: int) -> None:
+        stale: list[jetstream.Received] = []
+        invalid: list[jetstream.Received] = []
+        for rec in received:
+            traj = rec.trajectory
+            if traj is None:
+                invalid.append(rec)
+                continue
+            if self.ledger.seen(traj.id):
+                self.redeliveries_skipped += 1
+                await rec.msg.ack()
+                continue
+            verdict, _ = self.filter.judge(version, traj)
+            if verdict is staleness.Verdict.KEEP:
+                self.batcher.add(
+                    traj, rec
+                )  # False: a redelivery of a held message; the held one is acked later
+            else:
+                self.batcher.note_dropped(traj)
+                (stale if verdict is staleness.Verdict.STALE else invalid).append(rec)
+        await self._drop(stale, invalid)
+
+    async def _drop(self, stale: list[jetstream.Received], invalid: list[jetstream.Received]) -> None:
+        if not stale and not invalid:
+            return
+        self.ledger.record_drops(
+            [r.trajectory.id for r in stale if r.trajectory is not None],
+            [r.trajectory.id for r in invalid if r.trajectory is not None],
+            undecodable=sum(1 for r in invalid if r.trajectory is None),
+        )
+        for rec in stale + invalid:
+            await rec.msg.ack()
+        self.metrics.dropped["stale"].inc(len(stale))
+        self.metrics.dropped["invalid"].inc(len(invalid))

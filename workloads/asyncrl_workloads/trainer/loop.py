@@ -1,0 +1,279 @@
+"""The trainer's main loop: pull -> filter stale -> batch -> step -> ledger -> ack -> sync weights.
+
+Called by trainer/main.py. Algorithm (fully asynchronous GRPO/PPO with bounded staleness, as in
+verl's fully-async trainer and AReaL): rank 0 waits for `groupsPerStep` complete prompt groups whose
+every sample lags the trainer by at most maxStaleness versions, broadcasts them to all ranks, and
+every rank takes the step (trainer/backend.py). Then, in this order:
+
+  1. ledger: the step's trajectory ids are recorded (rank 0, atomic file) - never trained twice;
+  2. checkpoint every `everySteps` (all ranks);
+  3. ack every sample of the step - only now may the bus forget them;
+  4. every `syncEverySteps`: paramVersion += 1, announce on NATS, broadcast the full weights to the
+     rollouts with the weight sender (bounded by its deadline; dropped rollouts are reported).
+
+Other ranks mirror rank 0: every decision after a step (checkpoint, sync) is a function of the step
+number, so only the batch travels. While rank 0 waits for data it broadcasts a heartbeat so the other
+ranks' collectives never hit the process-group timeout. Left out: validation runs, KL to a reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import pathlib
+import statistics
+import time
+from typing import Any
+
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import codec, jetstream
+from asyncrl_workloads.trainer import backend as backend_mod
+from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress
+from asyncrl_workloads.weightsync import checksum
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    max_steps: int | None
+    sync_every_steps: int = 1
+    step_log: pathlib.Path | None = None
+    """JSON line per step (metrics, drops, sync report); the local runner and the e2e tests read it."""
+
+
+@dataclasses.dataclass
+class State:
+    step: int = 0
+    version: int = 0
+    last_sync_time: float | None = None
+    step_time: float | None = None
+
+
+class Follower:
+    """Ranks > 0: take the steps rank 0 hands out; mirror its checkpoints and weight gathers."""
+
+    def __init__(
+        self,
+        settings: LoopSettings,
+        world: fsdp.World,
+        backend: backend_mod.TrainerBackend,
+        checkpointer: checkpoint.Checkpointer | None,
+    ) -> None:
+        self.settings, self.world, self.backend, self.checkpointer = settings, world, backend, checkpointer
+
+    def run(self, state: State) -> None:
+        while True:
+            kind, payload = fsdp.broadcast_object(None, self.world)  # type: ignore[misc]
+            if kind == "stop":
+                return
+            if kind == "sync":  # an out-of-band sync (after resume)
+                list(self.backend.full_tensors())
+            elif kind == "checkpoint":
+                assert self.checkpointer is not None
+                self.checkpointer.save(state.step, self.backend, {})
+            elif kind == "batch":
+                self.backend.step(payload)
+                state.step += 1
+                if self.checkpointer is not None and self.checkpointer.due(state.step):
+                    self.checkpointer.save(state.step, self.backend, {})
+                if state.step % self.settings.sync_every_steps == 0:
+                    list(self.backend.full_tensors())
+
+
+class Leader:
+    """Rank 0: owns the bus, the ledger, the weight sender, metrics and progress."""
+
+    def __init__(
+        self,
+        settings: LoopSettings,
+        world: fsdp.World,
+        backend: backend_mod.TrainerBackend,
+        checkpointer: checkpoint.Checkpointer | None,
+        intake: inbox.Inbox,
+        nc: Any,
+        announce_subject: str,
+        sender: Any,
+        metrics: metrics_mod.Bound,
+        reporter: progress.Reporter,
+    ) -> None:
+        self.settings, self.world, self.backend = settings, world, backend
+        self.checkpointer, self.intake, self.nc = checkpointer, intake, nc
+        self.announce_subject, self.sender = announce_subject, sender
+        self.metrics, self.reporter = metrics, reporter
+        self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
+        self.queue_full_reported = 0
+        self.queue_depth = 0
+        self.stored = 0
+        self.started = time.monotonic()
+        self.consumed_at_start = intake.ledger.consumed_total
+
+    async def _bcast(self, message: tuple[str, Any]) -> None:
+        if self.world.size > 1:
+            await asyncio.to_thread(fsdp.broadcast_object, message, self.world)
+
+    async def _wait_batch(self, state: State, stop: asyncio.Event) -> list[inbox.Taken] | None:
+        while True:
+            taken = await self.intake.next_batch(state.version, stop, HEARTBEAT_S)
+            if taken is None or taken:
+                return taken
+            await self._bcast(("idle", None))
+            await self._refresh_queue()
+            self._report(state, {}, force=False)
+
+    async def run(self, state: State, stop: asyncio.Event, sync_first: bool) -> None:
+        if sync_first:
+            await self._bcast(("sync", None))
+            await self._sync(state)
+        while not stop.is_set() and (self.settings.max_steps is None or state.step < self.settings.max_steps):
+            t0 = time.monotonic()
+            taken = await self._wait_batch(state, stop)
+            if taken is None:
+                break
+            waited = time.monotonic() - t0
+            trajs = [t.trajectory for t in taken]
+            await self._bcast(("batch", trajs))
+            step_metrics = await asyncio.to_thread(self.backend.step, trajs)
+            state.step += 1
+            state.step_time = time.time()
+            self.intake.ledger.record_step(state.step, state.version, [t.id for t in trajs])
+            if self.checkpointer is not None and self.checkpointer.due(state.step):
+                await asyncio.to_thread(self._save, state)
+            for t in taken:
+                await t.received.msg.ack()
+            await self.nc.flush()
+            self._account(taken, waited, time.monotonic() - t0)
+            sync_report = None
+            if state.step % self.settings.sync_every_steps == 0:
+                state.version += 1
+                sync_report = await self._sync(state)
+            await self._refresh_queue()
+            self._log_step(state, step_metrics, taken, sync_report)
+            self._report(state, step_metrics, force=False)
+        if (
+            self.checkpointer is not None
+            and self.checkpointer.every_steps
+            and state.step
+            and not self.checkpointer.due(state.step)
+        ):
+            await self._bcast(("checkpoint", None))
+            await asyncio.to_thread(self._save, state)
+        await self._bcast(("stop", None))
+        await self._refresh_queue()
+        self._report(state, {}, force=True)
+
+    def _save(self, state: State) -> None:
+        assert self.checkpointer is not None
+        self.checkpointer.save(state.step, self.backend, {"param_version": state.version})
+
+    async def _sync(self, state: State) -> dict[str, Any]:
+        await self.nc.publish(
+            self.announce_subject, codec.encode_announcement(state.version, state.step, time.time())
+        )
+        named = await asyncio.to_thread(lambda: list(self.backend.full_tensors()))
+        report = await asyncio.to_thread(self.sender.sync, state.version, named) if self.sender else None
+        state.last_sync_time = time.time()
+        self.metrics.param_version.set(state.version)
+        out: dict[str, Any] = {"version": state.version}
+        if report is not None:
+            self.metrics.weight_sync_seconds.observe(report.transfer_seconds)
+            out.update(
+                members=report.members,
+                dropped={str(k): v for k, v in report.dropped.items()},
+                checksums={str(k): v for k, v in report.checksums.items()},
+                generation=report.generation,
+                transfer_seconds=report.transfer_seconds,
+                total_seconds=report.total_seconds,
+                nbytes=report.nbytes,
+            )
+            if report.checksums:
+                out["trainer_checksum"] = checksum.of(named)
+            for replica, reason in report.dropped.items():
+                log.warning("weight sync v%d: rollout replica %s dropped: %s", state.version, replica, reason)
+        return out
+
+    def _account(self, taken: list[inbox.Taken], waited: float, total: float) -> None:
+        m = self.metrics
+        m.consumed.inc(len(taken))
+        for t in taken:
+            m.staleness.observe(t.staleness)
+            self.recent_staleness.append(t.staleness)
+            self.intake.filter.consume(t.staleness)
+        m.trainer_idle.set(waited / total if total > 0 else 0.0)
+
+    async def _refresh_queue(self) -> None:
+        state = await self.intake.consumer.state()
+        self.queue_depth = state.messages
+        self.metrics.queue_depth.set(state.messages)
+        self.metrics.queue_oldest_age.set(state.oldest_age_s)
+        dropped = jetstream.queue_full_drops(state, self.intake.ledger.acked_total)
+        if dropped > self.queue_full_reported:
+            self.metrics.dropped["queue_full"].inc(dropped - self.queue_full_reported)
+            self.queue_full_reported = dropped
+        self.stored = state.last_seq
+
+    def counters(self) -> dict[str, int]:
+        led = self.intake.ledger
+        return {
+            "consumed": led.consumed_total,
+            "dropped_stale": led.dropped_stale,
+            "dropped_invalid": led.dropped_invalid,
+            "dropped_queue_full": self.queue_full_reported,
+            "queue_depth": self.queue_depth,
+            "stored": self.stored,
+            "redeliveries_skipped": self.intake.redeliveries_skipped,
+        }
+
+    def _log_step(
+        self,
+        state: State,
+        step_metrics: dict[str, float],
+        taken: list[inbox.Taken],
+        sync_report: dict[str, Any] | None,
+    ) -> None:
+        m = self.metrics
+        m.trainer_step.set(state.step)
+        m.trainer_last_step_ts.set(time.time())
+        if self.settings.step_log is None:
+            return
+        record = {
+            "step": state.step,
+            "time": time.time(),
+            "version": state.version,
+            **step_metrics,
+            "staleness": [t.staleness for t in taken],
+            "ids": [t.trajectory.id for t in taken],
+            "counters": self.counters(),
+            "sync": sync_report,
+        }
+        with open(self.settings.step_log, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def _report(self, state: State, step_metrics: dict[str, float], force: bool) -> None:
+        recent = list(self.recent_staleness)
+        body = {
+            "step": state.step,
+            "paramVersion": state.version,
+            "samplesConsumed": self.intake.ledger.consumed_total,
+            "staleness": {
+                "p50": float(statistics.median(recent)) if recent else 0.0,
+                "max": max(recent, default=0),
+            },
+            "queueDepth": self.queue_depth,
+        }
+        if state.step_time is not None:
+            body["stepTime"] = progress.rfc3339(state.step_time)
+        if state.last_sync_time is not None:
+            body["lastSyncTime"] = progress.rfc3339(state.last_sync_time)
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        extras = {
+            "reward": step_metrics.get("reward_mean"),
+            "samplesPerSecond": (self.intake.ledger.consumed_total - self.consumed_at_start) / elapsed,
+            "counters": self.counters(),
+            "updated": time.time(),
+        }
+        self.reporter.report(body, extras, force=force)

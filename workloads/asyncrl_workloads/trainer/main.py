@@ -1,0 +1,208 @@
+"""Assemble and run the trainer from a validated JobConfig: process group, backend, resume, bus, sender.
+
+Called by the `asyncrl-trainer` entry point (entrypoints/trainer.py) after the config is parsed. Every
+rank builds the backend and loads the latest checkpoint; rank 0 alone connects to NATS, hosts the
+weight-sync rendezvous, serves /metrics and reports progress; the other ranks follow (loop.Follower).
+
+Resume: model/optimizer from the latest checkpoint, counters and consumed ids from the ledger, and
+the policy version continues at ledger version + 1 with an immediate broadcast, so paramVersion only
+ever increases and rollouts drop the weights of steps the checkpoint does not contain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pathlib
+import signal
+from typing import Any
+
+import nats
+import nats.errors
+from asyncrl_api import config as config_mod
+
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import jetstream, subjects
+from asyncrl_workloads.trainer import backend as backend_mod
+from asyncrl_workloads.trainer import batcher as batcher_mod
+from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, loop, loss, progress, staleness
+
+log = logging.getLogger(__name__)
+STEP_LOG_ENV = "ASYNCRL_STEP_LOG"
+GROUP_TIMEOUT_S = 30.0
+
+
+class StartupError(RuntimeError):
+    """A problem the trainer reports in one line and exits non-zero for (nothing is written)."""
+
+
+def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
+    spec = cfg.spec
+    algo, opt = spec.trainer.algorithm, spec.trainer.optimizer
+    if algo.kl:
+        raise StartupError(
+            "spec.trainer.algorithm.kl: a KL penalty needs a reference model, not supported yet; set 0"
+        )
+    return backend_mod.TrainSettings(
+        model_path=spec.model.path,
+        algorithm=algo.name,
+        correction=algo.correction,
+        clip=loss.ClipSettings(clip_low=algo.clip_low, clip_high=algo.clip_high, is_cap=algo.is_cap),
+        lr=opt.lr,
+        weight_decay=opt.weight_decay,
+        grad_clip=opt.grad_clip,
+        warmup_steps=opt.warmup_steps,
+        updates_per_step=spec.trainer.batch.mini_batches * spec.async_.require_batches,
+        temperature=spec.rollout.sampling.temperature or 1.0,
+    )
+
+
+def stream_settings(cfg: config_mod.JobConfig) -> jetstream.StreamSettings:
+    queue = cfg.spec.async_.queue
+    return jetstream.StreamSettings(
+        cfg.namespace, cfg.name, max_size=queue.max_size, when_full=queue.when_full
+    )
+
+
+def make_sender(cfg: config_mod.JobConfig) -> Any:
+    ws = cfg.spec.weight_sync
+    if ws.backend == "gloo":
+        from asyncrl_workloads.weightsync import sender
+
+        return sender.GlooWeightSender(
+            port=cfg.endpoints.weight_sync_port, timeout_seconds=ws.timeout_seconds, bucket_mb=ws.bucket_mb
+        )
+    try:
+        from asyncrl_workloads.weightsync import nccl  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise StartupError(
+            f"spec.weightSync.backend: {ws.backend} sender is not available here ({exc})"
+        ) from exc
+    return nccl.NcclWeightSender(cfg)
+
+
+async def _connect(url: str) -> Any:
+    try:
+        return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=3, allow_reconnect=True)
+    except (OSError, nats.errors.Error, TimeoutError) as exc:
+        raise StartupError(
+            f"endpoints.natsUrl: cannot reach NATS at {url}: {exc or type(exc).__name__}"
+        ) from exc
+
+
+async def _lead(
+    cfg: config_mod.JobConfig,
+    world: fsdp.World,
+    backend: backend_mod.TrainerBackend,
+    checkpointer: checkpoint.Checkpointer,
+    ledger: checkpoint.Ledger,
+    state: loop.State,
+    resumed: bool,
+    bound: metrics_mod.Bound,
+) -> None:
+    spec = cfg.spec
+    nc = await _connect(cfg.endpoints.nats_url)
+    sender = None
+    try:
+        js = nc.jetstream()
+        streams = stream_settings(cfg)
+        await jetstream.ensure_stream(js, streams)
+        consumer = jetstream.Consumer(js, streams)
+        await consumer.open()
+        intake = inbox.Inbox(
+            consumer,
+            staleness.StalenessFilter(spec.max_staleness()),
+            batcher_mod.GroupBatcher(
+                spec.trainer.batch.prompts * spec.async_.require_batches, GROUP_TIMEOUT_S
+            ),
+            ledger,
+            bound,
+        )
+        sender = make_sender(cfg)
+        step_log = os.environ.get(STEP_LOG_ENV)
+        settings = loop.LoopSettings(
+            max_steps=spec.max_steps,
+            sync_every_steps=spec.async_.sync_every_steps,
+            step_log=pathlib.Path(step_log) if step_log else None,
+        )
+        reporter = progress.Reporter(
+            progress.sink_from_env(cfg.namespace, cfg.name), spec.progress.report_interval_seconds
+        )
+        leader = loop.Leader(
+            settings,
+            world,
+            backend,
+            checkpointer if spec.trainer.checkpoint.every_steps else None,
+            intake,
+            nc,
+            subjects.weights_subject(cfg.namespace, cfg.name),
+            sender,
+            bound,
+            reporter,
+        )
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        bound.param_version.set(state.version)
+        await leader.run(state, stop, sync_first=resumed)
+        await consumer.close()
+    finally:
+        if sender is not None:
+            sender.close()
+        await nc.close()
+
+
+def _prepare_paths(cfg: config_mod.JobConfig) -> None:
+    """Rank 0: create the tiny model if the job asks for one, and the checkpoint directory."""
+    spec = cfg.spec
+    model = pathlib.Path(spec.model.path)
+    if spec.model.create is not None and not (model / "config.json").is_file():
+        from asyncrl_workloads import tinymodel
+
+        c = spec.model.create
+        try:
+            tinymodel.create_tiny_model(
+                model, seed=c.seed, num_layers=c.layers, hidden_size=c.hidden, num_heads=c.heads
+            )
+        except (tinymodel.TinyModelError, OSError) as exc:
+            raise StartupError(f"spec.model.create: {exc}") from exc
+    try:
+        pathlib.Path(spec.trainer.checkpoint.path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"spec.trainer.checkpoint.path: cannot create {spec.trainer.checkpoint.path}: {exc.strerror}"
+        ) from exc
+
+
+def run(cfg: config_mod.JobConfig) -> None:
+    world = fsdp.init_world()
+    spec = cfg.spec
+    if world.is_main:
+        _prepare_paths(cfg)
+    fsdp.broadcast_object(None, world)  # a barrier: the model exists before any rank loads it
+    bound = metrics_mod.bind(metrics_mod.Identity(cfg.namespace, cfg.name, "trainer", str(world.rank)))
+    if world.is_main:
+        metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
+    backend = backend_mod.BACKENDS[spec.trainer.backend](train_settings(cfg), world)
+    ck = spec.trainer.checkpoint
+    checkpointer = checkpoint.Checkpointer(pathlib.Path(ck.path), ck.every_steps, ck.keep, world)
+    latest = checkpointer.latest() if world.is_main else None
+    latest = fsdp.broadcast_object(latest, world)  # type: ignore[assignment]
+    state = loop.State()
+    if latest is not None:
+        directory, meta = latest
+        checkpointer.load(directory, backend)
+        state.step = int(meta["step"])
+        log.info("resumed from %s (step %d)", directory, state.step)
+    settings = loop.LoopSettings(max_steps=spec.max_steps, sync_every_steps=spec.async_.sync_every_steps)
+    try:
+        if world.is_main:
+            ledger = checkpoint.Ledger.load(pathlib.Path(ck.path) / checkpoint.LEDGER)
+            resumed = latest is not None or ledger.step > 0
+            state.version = ledger.param_version + 1 if resumed else 0
+            asyncio.run(_lead(cfg, world, backend, checkpointer, ledger, state, resumed, bound))
+        else:
+            loop.Follower(settings, world, backend, checkpointer if ck.every_steps else None).run(state)
+    finally:
+        fsdp.shutdown()

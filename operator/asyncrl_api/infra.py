@@ -73,6 +73,11 @@ class NatsSpec(base.APIModel):
     """Size of a PersistentVolumeClaim for the managed server's JetStream store; unset = emptyDir
     (trajectories in the queue survive NATS restarts only with a claim)."""
 
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> NatsSpec:
+        base.check_rules(self, _NATS_RULES)
+        return self
+
 
 class BusSpec(base.APIModel):
     """The trajectory bus."""

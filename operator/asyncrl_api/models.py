@@ -28,6 +28,8 @@ child name, pod name and controller-revision-hash label within 63 characters."""
 
 Mode = Literal["async", "one-step-off", "sync"]
 DEFAULT_MAX_STALENESS: dict[str, int] = {"async": 2, "one-step-off": 1, "sync": 0}
+RESERVED_VOLUME_NAMES = ("asyncrl-config", "dshm", "store")
+RESERVED_MOUNT_PATHS = ("/etc/asyncrl", "/dev/shm")
 
 # Re-exports so callers can say models.RolloutSpec.
 Toleration = roles.Toleration
@@ -154,7 +156,20 @@ class AsyncRLJobSpec(base.APIModel):
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> AsyncRLJobSpec:
         base.check_rules(self, _SPEC_RULES)
+        self._check_volumes()
         return self
+
+    def _check_volumes(self) -> None:
+        """Volume names unique and no mount over the paths asyncrl mounts itself. Deliberately not a CEL
+        rule: the operator checks it (condition InvalidSpec, nothing created), like any rule a CRD
+        installed from an older chart might lack."""
+        seen: set[str] = set()
+        for i, vol in enumerate(self.volumes):
+            if vol.name in seen or vol.name in RESERVED_VOLUME_NAMES:
+                raise ValueError(f"volumes[{i}].name: {vol.name!r} is duplicated or reserved")
+            seen.add(vol.name)
+            if vol.mount_path.rstrip("/") in RESERVED_MOUNT_PATHS:
+                raise ValueError(f"volumes[{i}].mountPath: {vol.mount_path} is reserved for asyncrl")
 
     def max_staleness(self) -> int:
         """The staleness bound in force: async.maxStaleness, or the mode's default when unset."""

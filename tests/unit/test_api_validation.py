@@ -1,0 +1,31 @@
+"""Every malformed spec of golden/malformed.yaml is rejected by the models too (the local runner and the
+operator's handler have no apiserver in front of them), naming the offending field."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pydantic
+import pytest
+from asyncrl_api import models
+from asyncrl_testing import jobs
+
+BASE, CASES = jobs.malformed_cases()
+
+
+def test_the_base_spec_is_valid() -> None:
+    models.AsyncRLJobSpec.model_validate(BASE)
+
+
+def test_there_are_at_least_fifteen_cases() -> None:
+    assert len(CASES) >= 15
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_malformed_spec_is_rejected_naming_its_field(case: dict[str, Any]) -> None:
+    spec = jobs.deep_merge(BASE, case["patch"])
+    with pytest.raises(pydantic.ValidationError) as info:
+        models.AsyncRLJobSpec.model_validate(spec)
+    leaf = re.sub(r"\[\d+\]", "", case["field"].rsplit(".", 1)[-1])
+    assert leaf in str(info.value)

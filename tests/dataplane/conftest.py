@@ -1,0 +1,48 @@
+"""Data-plane fixtures: a real nats-server (JetStream), a real Prometheus, a tiny model made on the spot.
+
+Used by tests/dataplane/* (and tests/e2e/* through the same modules). Each server runs in its own process
+group and is torn down even when the test fails.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable, Iterator
+
+import pytest
+from asyncrl_testing import prometheus as prometheus_server
+from asyncrl_workloads import tinymodel
+from asyncrl_workloads.local import natsserver
+
+
+@pytest.fixture
+def nats_server(tmp_path: pathlib.Path) -> Iterator[natsserver.NatsServer]:
+    """A nats-server with JetStream on, its store in the test's tmp dir; `.url` to connect."""
+    server = natsserver.start(store_dir=tmp_path / "nats-store", log_path=tmp_path / "nats-server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def prometheus() -> Iterator[Callable[..., prometheus_server.Prometheus]]:
+    """Factory: `prometheus(["127.0.0.1:PORT", ...])` (or {job: [targets]}) starts a scraping Prometheus."""
+    started: list[prometheus_server.Prometheus] = []
+
+    def start(targets: prometheus_server.Targets) -> prometheus_server.Prometheus:
+        server = prometheus_server.start(targets)
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A seeded 2-layer Llama (hidden 128, 2 heads) with a char-level tokenizer, as a local HF dir."""
+    return tinymodel.create_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model", seed=0)

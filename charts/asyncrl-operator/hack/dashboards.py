@@ -1,0 +1,405 @@
+"""Generates the chart's Grafana dashboards (dashboards/asyncrl-job.json, dashboards/asyncrl-fleet.json).
+
+Run by hand after changing a panel: `python charts/asyncrl-operator/hack/dashboards.py`; the unit test
+tests/unit/test_dashboards.py fails when the committed JSON differs from what this script writes, and
+checks every query against the metric names of design.md §5.
+
+Conventions every query follows (the e2e test substitutes the same variables):
+  $namespace / $job  the AsyncRLJob (workload series carry `namespace` and `job`; monitors set honorLabels)
+  $__rate_interval   Grafana's rate window (>= 4 scrape intervals)
+Only metrics the project exports are used; agent-loop metrics (tool calls, turns) are left out because a
+job without an agent loop never produces them and an empty panel reads as a broken one.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+JOB = 'namespace="$namespace", job="$job"'
+FLEET = 'namespace=~"$namespace"'
+RI = "$__rate_interval"
+
+
+def target(expr: str, legend: str, ref: str) -> dict[str, Any]:
+    return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
+
+
+def panel(
+    title: str,
+    kind: str,
+    targets: list[tuple[str, str]],
+    unit: str = "short",
+    description: str = "",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A panel; gridPos is filled in by `layout`."""
+    body: dict[str, Any] = {
+        "title": title,
+        "type": kind,
+        "datasource": DS,
+        "description": description,
+        "targets": [target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(targets)],
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+    }
+    body.update(extra)
+    return body
+
+
+def row(title: str) -> dict[str, Any]:
+    return {"title": title, "type": "row", "collapsed": False, "panels": []}
+
+
+def layout(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows span the width; panels flow two per line (stat panels four per line)."""
+    x, y, line_h = 0, 0, 0
+    for pid, item in enumerate(items, start=1):
+        item["id"] = pid
+        w, h = (24, 1) if item["type"] == "row" else (6, 4) if item["type"] == "stat" else (12, 8)
+        if item["type"] == "row" or x + w > 24:
+            x, y, line_h = 0, y + line_h, 0
+        item["gridPos"] = {"x": x, "y": y, "w": w, "h": h}
+        x, line_h = x + w, max(line_h, h)
+        if item["type"] == "row":
+            x, y, line_h = 0, y + h, 0
+    return items
+
+
+def variable(name: str, query: str, multi: bool = False) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": name,
+        "type": "query",
+        "datasource": DS,
+        "refresh": 2,
+        "sort": 1,
+        "query": {"query": query, "refId": name},
+        "definition": query,
+        "multi": multi,
+        "includeAll": multi,
+        **({"allValue": ".*"} if multi else {}),
+    }
+
+
+DATASOURCE_VAR = {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"}
+
+
+def dashboard(
+    uid: str, title: str, variables: list[dict[str, Any]], panels: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "tags": ["asyncrl"],
+        "editable": True,
+        "schemaVersion": 39,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "browser",
+        "graphTooltip": 1,
+        "templating": {"list": [DATASOURCE_VAR, *variables]},
+        "annotations": {"list": []},
+        "panels": layout(panels),
+    }
+
+
+def quantiles(metric: str, sel: str, by: str = "") -> list[tuple[str, str]]:
+    group = f"sum by ({by + ', ' if by else ''}le) (rate({metric}_bucket{{{sel}}}[{RI}]))"
+    prefix = "{{" + by + "}} " if by else ""
+    return [(f"histogram_quantile({q}, {group})", f"{prefix}p{int(q * 100)}") for q in (0.5, 0.9, 0.99)]
+
+
+def job_dashboard() -> dict[str, Any]:
+    panels = [
+        row("Progress"),
+        panel("Trainer step", "stat", [(f'max(asyncrl_trainer_step{{{JOB}, role="trainer"}})', "step")]),
+        panel(
+            "Policy version (trainer)",
+            "stat",
+            [(f'max(asyncrl_param_version{{{JOB}, role="trainer"}})', "v")],
+        ),
+        panel(
+            "Tokens generated / s",
+            "stat",
+            [(f"sum(rate(asyncrl_tokens_generated_total{{{JOB}}}[{RI}]))", "tok/s")],
+        ),
+        panel("Queue depth", "stat", [(f"max(asyncrl_queue_depth{{{JOB}}})", "queued")]),
+        panel(
+            "Trainer steps / min",
+            "timeseries",
+            [(f'60 * max(deriv(asyncrl_trainer_step{{{JOB}, role="trainer"}}[{RI}]))', "steps/min")],
+        ),
+        panel(
+            "Reward",
+            "timeseries",
+            [
+                (
+                    f"sum(rate(asyncrl_reward_sum{{{JOB}}}[{RI}]))"
+                    f" / sum(rate(asyncrl_reward_count{{{JOB}}}[{RI}]))",
+                    "mean",
+                ),
+                *quantiles("asyncrl_reward", JOB)[:2],
+            ],
+            description="Reward of the trajectories the rollouts produced (asyncrl_reward histogram).",
+        ),
+        row("Trajectory queue"),
+        panel(
+            "Queue depth",
+            "timeseries",
+            [(f"max(asyncrl_queue_depth{{{JOB}}})", "depth")],
+            description="Trajectories waiting in the NATS JetStream work queue.",
+        ),
+        panel(
+            "Oldest queued trajectory age",
+            "timeseries",
+            [(f"max(asyncrl_queue_oldest_age_seconds{{{JOB}}})", "oldest")],
+            unit="s",
+        ),
+        panel(
+            "Produced / consumed",
+            "timeseries",
+            [
+                (f"sum(rate(asyncrl_trajectories_produced_total{{{JOB}}}[{RI}]))", "produced"),
+                (f"sum(rate(asyncrl_trajectories_consumed_total{{{JOB}}}[{RI}]))", "consumed"),
+            ],
+            unit="ops",
+        ),
+        panel(
+            "Dropped by reason",
+            "timeseries",
+            [(f"sum by (reason) (rate(asyncrl_trajectories_dropped_total{{{JOB}}}[{RI}]))", "{{reason}}")],
+            unit="ops",
+            description="queue_full: the queue dropped its oldest; stale: older than maxStaleness; "
+            "invalid: failed validation.",
+        ),
+        row("Staleness and policy versions"),
+        panel(
+            "Sample staleness (versions)",
+            "heatmap",
+            [(f"sum by (le) (increase(asyncrl_sample_staleness_bucket{{{JOB}}}[{RI}]))", "{{le}}")],
+            description="Trainer version at consumption minus the oldest policy version of the sample.",
+            options={"calculate": False, "yAxis": {"unit": "short"}, "cellGap": 1},
+            **{"targets_format": "heatmap"},
+        ),
+        panel("Sample staleness quantiles", "timeseries", quantiles("asyncrl_sample_staleness", JOB)),
+        panel(
+            "Policy version per role",
+            "timeseries",
+            [
+                (f"max by (role) (asyncrl_param_version{{{JOB}}})", "{{role}} max"),
+                (f"min by (role) (asyncrl_param_version{{{JOB}}})", "{{role}} min"),
+            ],
+        ),
+        panel(
+            "Partial rollouts / s",
+            "timeseries",
+            [(f"sum(rate(asyncrl_partial_rollouts_total{{{JOB}}}[{RI}]))", "partial")],
+            unit="ops",
+            description="Requests interrupted by a weight update and continued with the new policy.",
+        ),
+        row("Weight sync"),
+        panel(
+            "Weight sync transfer seconds",
+            "timeseries",
+            quantiles("asyncrl_weight_sync_seconds", JOB),
+            unit="s",
+        ),
+        panel(
+            "Rollout pause seconds",
+            "timeseries",
+            quantiles("asyncrl_rollout_pause_seconds", JOB),
+            unit="s",
+            description="Generation paused around a weight update (pause -> transfer -> resume).",
+        ),
+        row("Utilisation"),
+        panel(
+            "Trainer idle ratio",
+            "timeseries",
+            [
+                (
+                    f'max by (replica) (asyncrl_trainer_idle_ratio{{{JOB}, role="trainer"}})',
+                    "trainer {{replica}}",
+                )
+            ],
+            unit="percentunit",
+            description="Fraction of time the trainer waits for samples.",
+        ),
+        panel(
+            "Rollout idle ratio",
+            "timeseries",
+            [
+                (
+                    f'max by (replica) (asyncrl_rollout_idle_ratio{{{JOB}, role="rollout"}})',
+                    "rollout {{replica}}",
+                )
+            ],
+            unit="percentunit",
+            description="Fraction of time a rollout replica waits (paused or back-pressured).",
+        ),
+        panel(
+            "Tokens generated / s by replica",
+            "timeseries",
+            [
+                (
+                    f'sum by (replica) (rate(asyncrl_tokens_generated_total{{{JOB}, role="rollout"}}[{RI}]))',
+                    "{{replica}}",
+                )
+            ],
+        ),
+    ]
+    for p in panels:
+        if p.pop("targets_format", None):
+            for t in p["targets"]:
+                t["format"] = "heatmap"
+    variables = [
+        variable("namespace", 'label_values(asyncrl_trainer_step{role="trainer"}, namespace)'),
+        variable("job", 'label_values(asyncrl_trainer_step{namespace="$namespace", role="trainer"}, job)'),
+    ]
+    return dashboard("asyncrl-job", "asyncrl / job", variables, panels)
+
+
+def fleet_dashboard() -> dict[str, Any]:
+    by = "namespace, job"
+    panels = [
+        row("Jobs"),
+        panel("Jobs by phase", "timeseries", [("sum by (phase) (asyncrl_jobs)", "{{phase}}")]),
+        panel(
+            "Restarts by role",
+            "timeseries",
+            [("sum by (role) (asyncrl_job_restarts_total)", "{{role}}")],
+            description="Trainer gang restarts and rollout pod replacements the operator performed "
+            "(operator metrics carry no per-job label; per job see status.restarts).",
+        ),
+        row("Operator"),
+        panel(
+            "Reconcile latency",
+            "timeseries",
+            [
+                (
+                    f"histogram_quantile({q}, "
+                    f"sum by (le) (rate(asyncrl_operator_reconcile_seconds_bucket[{RI}])))",
+                    f"p{int(q * 100)}",
+                )
+                for q in (0.5, 0.99)
+            ],
+            unit="s",
+        ),
+        panel(
+            "Reconcile errors / s",
+            "timeseries",
+            [(f"sum(rate(asyncrl_operator_reconcile_errors_total[{RI}]))", "errors")],
+            unit="ops",
+        ),
+        row("Training across jobs"),
+        panel(
+            "Trainer step by job",
+            "timeseries",
+            [(f'max by ({by}) (asyncrl_trainer_step{{{FLEET}, role="trainer"}})', "{{namespace}}/{{job}}")],
+        ),
+        panel(
+            "Tokens generated / s by job",
+            "timeseries",
+            [
+                (
+                    f"sum by ({by}) (rate(asyncrl_tokens_generated_total{{{FLEET}}}[{RI}]))",
+                    "{{namespace}}/{{job}}",
+                )
+            ],
+        ),
+        panel(
+            "Queue depth by job",
+            "timeseries",
+            [(f"max by ({by}) (asyncrl_queue_depth{{{FLEET}}})", "{{namespace}}/{{job}}")],
+        ),
+        panel(
+            "Policy version lag by job",
+            "timeseries",
+            [
+                (
+                    f'max by ({by}) (asyncrl_param_version{{{FLEET}, role="trainer"}}) - on ({by}) '
+                    f'min by ({by}) (asyncrl_param_version{{{FLEET}, role="rollout"}})',
+                    "{{namespace}}/{{job}}",
+                )
+            ],
+            description="Versions the slowest rollout replica is behind the trainer.",
+        ),
+        panel(
+            "Stale drops / s by job",
+            "timeseries",
+            [
+                (
+                    f"sum by ({by}) "
+                    f'(rate(asyncrl_trajectories_dropped_total{{{FLEET}, reason="stale"}}[{RI}]))',
+                    "{{namespace}}/{{job}}",
+                )
+            ],
+            unit="ops",
+        ),
+        panel(
+            "Sample staleness p90 by job",
+            "timeseries",
+            [
+                (
+                    f"histogram_quantile(0.9, "
+                    f"sum by ({by}, le) (rate(asyncrl_sample_staleness_bucket{{{FLEET}}}[{RI}])))",
+                    "{{namespace}}/{{job}}",
+                )
+            ],
+        ),
+        panel(
+            "Weight sync p90 by job",
+            "timeseries",
+            [
+                (
+                    f"histogram_quantile(0.9, "
+                    f"sum by ({by}, le) (rate(asyncrl_weight_sync_seconds_bucket{{{FLEET}}}[{RI}])))",
+                    "{{namespace}}/{{job}}",
+                )
+            ],
+            unit="s",
+        ),
+        panel(
+            "Trainer idle ratio by job",
+            "timeseries",
+            [
+                (
+                    f'max by ({by}) (asyncrl_trainer_idle_ratio{{{FLEET}, role="trainer"}})',
+                    "{{namespace}}/{{job}}",
+                )
+            ],
+            unit="percentunit",
+        ),
+        panel(
+            "Mean reward by job",
+            "timeseries",
+            [
+                (
+                    f"sum by ({by}) (rate(asyncrl_reward_sum{{{FLEET}}}[{RI}])) / "
+                    f"sum by ({by}) (rate(asyncrl_reward_count{{{FLEET}}}[{RI}]))",
+                    "{{namespace}}/{{job}}",
+                )
+            ],
+        ),
+    ]
+    variables = [
+        variable("namespace", 'label_values(asyncrl_trainer_step{role="trainer"}, namespace)', multi=True)
+    ]
+    return dashboard("asyncrl-fleet", "asyncrl / fleet", variables, panels)
+
+
+def render() -> dict[str, str]:
+    """File name -> JSON text, exactly as committed."""
+    return {
+        name: json.dumps(board, indent=2, sort_keys=False) + "\n"
+        for name, board in (("asyncrl-job.json", job_dashboard()), ("asyncrl-fleet.json", fleet_dashboard()))
+    }
+
+
+if __name__ == "__main__":
+    for name, text in render().items():
+        (OUT / name).write_text(text)
+        print(f"wrote {OUT / name}")

@@ -1,0 +1,50 @@
+{{/*
+The operator's permissions: exactly the calls operator/asyncrl_operator makes (apply.Client and the
+kopf handlers), one rule per thing it touches, each with its call sites. Keep in step with
+apply.py / reconcile.py / handlers.py; tests/cluster/test_helm_rbac.py proves the set sufficient (the
+operator reconciles a job with this ServiceAccount's token) and minimal (`kubectl auth can-i`).
+Deliberately absent: secrets, pods/exec|attach|portforward, deletecollection, escalate, bind,
+impersonate, any cluster-scoped resource (kopf's CRD and namespace watches degrade to a warning; the
+Deployment restarts the operator when the CRD changes instead).
+*/}}
+{{- define "asyncrl.rbacRules" -}}
+# kopf lists+watches jobs and patches its progress/diff-base annotations; reconcile.reconcile GETs a
+# job and DELETEs it when ttlSecondsAfterFinished ran out; the resync loop LISTs them.
+- apiGroups: [asyncrl.dev]
+  resources: [asyncrljobs]
+  verbs: [get, list, watch, patch, delete]
+# apply.Client.patch_status (merge patch of status). `get` is needed too, because the operator grants
+# the trainer's per-job Role get+patch on it (render/rbac.py) and RBAC forbids granting what one lacks.
+- apiGroups: [asyncrl.dev]
+  resources: [asyncrljobs/status]
+  verbs: [get, patch]
+# Children carry controller ownerReferences with blockOwnerDeletion: true; clusters running the
+# OwnerReferencesPermissionEnforcement admission plugin require update on the owner's finalizers.
+- apiGroups: [asyncrl.dev]
+  resources: [asyncrljobs/finalizers]
+  verbs: [update]
+# apply.Client.apply: server-side apply (PATCH; creating on first apply needs create) of every kind
+# render() emits. Nothing is deleted: children go away through garbage collection.
+- apiGroups: [""]
+  resources: [configmaps, services, serviceaccounts]
+  verbs: [create, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, patch]
+# StatefulSets: applied as above, GET by reconcile.refresh_status, watched by handlers.on_statefulset_event.
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, list, watch, create, patch]
+# Pods: watched by handlers.on_pod_event, LISTed per gang and DELETEd (with a uid precondition) by
+# reconcile.handle_pod for a trainer gang restart or a failed rollout replica. Never exec/attach.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, delete]
+# kopf posts Events (warnings and errors of handlers) on the job.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end -}}

@@ -1,0 +1,205 @@
+"""The Grafana dashboards shipped in charts/asyncrl-operator/dashboards/.
+
+They parse, match their generator (hack/dashboards.py), every panel has a query, every query is valid
+PromQL (parsed by the real promtool after Grafana's variables are substituted), and every metric they
+name is one the project exports: the design.md §5 list, cross-checked against the two real
+prometheus_client registries (workloads and operator). The e2e test
+tests/e2e/test_observability.py runs the same queries against a real scrape.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "asyncrl-operator"
+DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
+
+# design.md §5, verbatim. Histograms also export _bucket/_sum/_count; counters end in _total.
+WORKLOAD_METRICS = {
+    "asyncrl_trajectories_produced_total", "asyncrl_trajectories_consumed_total",
+    "asyncrl_trajectories_dropped_total", "asyncrl_queue_depth", "asyncrl_queue_oldest_age_seconds",
+    "asyncrl_sample_staleness", "asyncrl_param_version", "asyncrl_weight_sync_seconds",
+    "asyncrl_rollout_pause_seconds", "asyncrl_trainer_step", "asyncrl_trainer_idle_ratio",
+    "asyncrl_rollout_idle_ratio", "asyncrl_tokens_generated_total", "asyncrl_reward",
+    "asyncrl_partial_rollouts_total", "asyncrl_tool_calls_total", "asyncrl_agent_turns",
+    "asyncrl_preempted_total",
+}  # fmt: skip
+OPERATOR_METRICS = {
+    "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",
+    "asyncrl_job_restarts_total",
+}  # fmt: skip
+HISTOGRAMS = {"asyncrl_sample_staleness", "asyncrl_weight_sync_seconds", "asyncrl_rollout_pause_seconds",
+              "asyncrl_reward", "asyncrl_agent_turns", "asyncrl_operator_reconcile_seconds"}  # fmt: skip
+# What issue 5 asks the dashboards to show, as the metric each panel family needs.
+REQUIRED = {
+    "asyncrl_queue_depth", "asyncrl_queue_oldest_age_seconds", "asyncrl_trajectories_produced_total",
+    "asyncrl_trajectories_consumed_total", "asyncrl_trajectories_dropped_total",
+    "asyncrl_sample_staleness_bucket", "asyncrl_param_version", "asyncrl_weight_sync_seconds_bucket",
+    "asyncrl_rollout_pause_seconds_bucket", "asyncrl_trainer_idle_ratio", "asyncrl_rollout_idle_ratio",
+    "asyncrl_tokens_generated_total", "asyncrl_reward_sum", "asyncrl_jobs", "asyncrl_job_restarts_total",
+    "asyncrl_operator_reconcile_seconds_bucket", "asyncrl_operator_reconcile_errors_total",
+}  # fmt: skip
+
+# Values the e2e test and this test give Grafana's variables.
+SUBSTITUTIONS = {"$__rate_interval": "1m", "$namespace": "default", "$job": "tiny", "${datasource}": "prom"}
+
+PROMQL_WORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+    "offset", "le", "inf", "nan",
+}  # fmt: skip
+
+
+def known_series_names() -> set[str]:
+    names = set(WORKLOAD_METRICS | OPERATOR_METRICS)
+    for hist in HISTOGRAMS:
+        names |= {f"{hist}_bucket", f"{hist}_sum", f"{hist}_count"}
+    return names
+
+
+def load(path: pathlib.Path) -> dict[str, Any]:
+    board: dict[str, Any] = json.loads(path.read_text())
+    return board
+
+
+def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for item in board["panels"]:
+        if item["type"] == "row":
+            out += item.get("panels", [])
+        else:
+            out.append(item)
+    return out
+
+
+def queries(board: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in panels(board) for t in p["targets"]]
+    for var in board["templating"]["list"]:
+        if var["type"] == "query":
+            exprs.append(var["query"]["query"])
+    return exprs
+
+
+def substitute(expr: str) -> str:
+    for var, value in SUBSTITUTIONS.items():
+        expr = expr.replace(var, value)
+    return expr
+
+
+def metric_names(expr: str) -> set[str]:
+    """Series names in a PromQL expression (label matchers, strings, ranges and grouping removed)."""
+    expr = re.sub(r"label_values\((.*),\s*\w+\)$", r"\1", expr)  # Grafana's variable query
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    names = set()
+    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        word = match.group(0)
+        follows = text[match.end() :].lstrip()[:1]
+        if follows == "(" or word.lower() in PROMQL_WORDS or re.fullmatch(r"\d+[smhdwy]", word):
+            continue
+        names.add(word)
+    return names
+
+
+def test_dashboards_are_the_generator_output() -> None:
+    spec = importlib.util.spec_from_file_location("chart_dashboards", CHART / "hack" / "dashboards.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    generated = module.render()
+    assert sorted(generated) == [p.name for p in DASHBOARDS]
+    for path in DASHBOARDS:
+        assert path.read_text() == generated[path.name], f"{path.name} is stale: run hack/dashboards.py"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_dashboard_is_well_formed(path: pathlib.Path) -> None:
+    board = load(path)
+    assert board["uid"] and board["title"] and board["schemaVersion"] >= 36
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+    variables = {v["name"] for v in board["templating"]["list"]}
+    assert {"datasource", "namespace"} <= variables
+    for panel in panels(board):
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        assert panel["datasource"]["uid"] == "${datasource}"
+        for target in panel["targets"]:
+            assert target["expr"].strip() and target["refId"]
+
+
+def test_job_dashboard_selects_one_job() -> None:
+    board = load(CHART / "dashboards" / "asyncrl-job.json")
+    assert "job" in {v["name"] for v in board["templating"]["list"]}
+    for panel in panels(board):
+        for target in panel["targets"]:
+            assert 'job="$job"' in target["expr"], f"{panel['title']!r} ignores the job variable"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_queries_name_only_exported_metrics(path: pathlib.Path) -> None:
+    known = known_series_names()
+    for expr in queries(load(path)):
+        found = metric_names(expr)
+        assert found, f"no metric in {expr!r}"
+        assert found <= known, f"{sorted(found - known)} in {expr!r} are not design.md §5 metrics"
+
+
+def test_dashboards_cover_what_the_issue_lists() -> None:
+    used = set().union(*(metric_names(e) for p in DASHBOARDS for e in queries(load(p))))
+    assert used >= REQUIRED, f"no panel shows {sorted(REQUIRED - used)}"
+
+
+def test_metric_name_parser_catches_unknown_names() -> None:
+    assert metric_names('sum by (le) (rate(foo_bucket{job="$job"}[5m])) / on (job) bar') == {
+        "foo_bucket",
+        "bar",
+    }
+    assert metric_names("label_values(asyncrl_trainer_step, namespace)") == {"asyncrl_trainer_step"}
+
+
+def test_section5_names_are_what_the_code_registers() -> None:
+    """The hard-coded §5 list above is the set of families the two real registries expose."""
+    from asyncrl_operator import metrics as operator_metrics
+    from asyncrl_workloads import metrics as workload_metrics
+
+    def families(registry: Any) -> set[str]:
+        out = set()
+        for family in registry.collect():
+            out.add(family.name + ("_total" if family.type == "counter" else ""))
+        return out
+
+    exported = families(workload_metrics.REGISTRY) | families(operator_metrics.REGISTRY)
+    assert exported >= WORKLOAD_METRICS | OPERATOR_METRICS, sorted(
+        (WORKLOAD_METRICS | OPERATOR_METRICS) - exported
+    )
+
+
+def test_every_query_is_valid_promql(tmp_path: pathlib.Path) -> None:
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    if not os.access(promtool, os.X_OK):
+        pytest.fail("promtool not found: apt-get install -y prometheus")
+    rules = []
+    for path in DASHBOARDS:
+        for i, expr in enumerate(queries(load(path))):
+            if expr.startswith("label_values("):
+                continue
+            rules.append({"record": f"check:{path.stem.replace('-', '_')}:{i}", "expr": substitute(expr)})
+    (tmp_path / "queries.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]})
+    )
+    done = subprocess.run(
+        [promtool, "check", "rules", "queries.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

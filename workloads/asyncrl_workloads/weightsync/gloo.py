@@ -24,20 +24,15 @@ import dataclasses
 import logging
 import time
 
-import torch
-from torch.distributed import distributed_c10d
 from vllm.distributed.weight_transfer import base as vllm_wt
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.reload import inplace
 
-from asyncrl_workloads.weightsync import base, checksum, rendezvous
+from asyncrl_workloads.weightsync import base, checksum
+from asyncrl_workloads.weightsync import receiver as receiver_mod
 
 log = logging.getLogger(__name__)
 BACKEND = "gloo"
-
-
-class NotAMember(RuntimeError):
-    """The roster of this round does not include this replica (it was dropped)."""
 
 
 @dataclasses.dataclass
@@ -57,44 +52,6 @@ class GlooUpdateInfo(vllm_wt.WeightTransferUpdateInfo):
     """``base.Roster`` as JSON."""
 
 
-class GlooWeightReceiver(base.WeightReceiver):
-    """Joins a generation's gloo group (cached while the generation holds) and receives buckets."""
-
-    def __init__(self, store: distributed_c10d.Store, replica: int, incarnation: str) -> None:
-        self.store, self.replica, self.incarnation = store, replica, incarnation
-        self.generation = -1
-        self.pg: distributed_c10d.ProcessGroupGloo | None = None
-
-    def receive(
-        self, plan: base.Plan, roster: base.Roster, worker_rank: int
-    ) -> list[tuple[str, torch.Tensor]]:
-        member = roster.member(self.replica, self.incarnation)
-        if member is None:
-            raise NotAMember(f"replica {self.replica} is not in the roster of round {roster.seq}")
-        deadline = time.monotonic() + plan.timeout_seconds
-        try:
-            if self.pg is None or self.generation != roster.generation:
-                self.pg, self.generation = None, -1
-                self.pg = rendezvous.form_group(
-                    self.store,
-                    roster.generation,
-                    member.rank_offset + worker_rank,
-                    roster.world_size,
-                    deadline - time.monotonic(),
-                )
-                self.generation = roster.generation
-            received: list[tuple[str, torch.Tensor]] = []
-            for a, b in plan.buckets:
-                metas = plan.tensors[a:b]
-                buffer = torch.empty(rendezvous.bucket_nbytes(metas), dtype=torch.uint8)
-                rendezvous.broadcast(self.pg, buffer, deadline - time.monotonic())
-                received.extend(rendezvous.unpack(buffer, metas))
-            return received
-        except BaseException:
-            self.pg, self.generation = None, -1  # a broken group is never reused
-            raise
-
-
 class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
     """vLLM worker-side engine: receive all buckets, then reload in place."""
 
@@ -102,15 +59,18 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
     update_info_cls = GlooUpdateInfo
     supports_draft_weight_update = False
 
-    receiver: GlooWeightReceiver | None = None
+    receiver: receiver_mod.GlooWeightReceiver | None = None
     last_checksum: str = ""
     last_version: int = -1
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
-        store = rendezvous.connect_store(
-            init_info.master_address, init_info.master_port, init_info.timeout_seconds
+        self.receiver = receiver_mod.connect(
+            init_info.master_address,
+            init_info.master_port,
+            init_info.replica,
+            init_info.incarnation,
+            init_info.timeout_seconds,
         )
-        self.receiver = GlooWeightReceiver(store, init_info.replica, init_info.incarnation)
 
     def start_weight_update(self) -> None:
         """Nothing: the model stays usable until every byte has arrived (see module docstring)."""

@@ -35,6 +35,8 @@ class ReplicaLink:
         self._store: dist.TCPStore | None = None
         self._seen_seq = 0
         self._hello_for_seq = -1
+        self.epoch = 0
+        """Incremented on every (re)connection: the engine workers must reconnect too."""
 
     @property
     def hello(self) -> base.Hello:
@@ -49,6 +51,7 @@ class ReplicaLink:
                     f"weight sync: trainer store {self.host}:{self.port}: {exc}"
                 ) from None
             self._seen_seq = 0
+            self.epoch += 1
             self._announce()
         return self._store
 

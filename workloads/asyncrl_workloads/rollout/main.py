@@ -1,0 +1,144 @@
+"""Assemble and run one rollout replica from a validated JobConfig: engine, bus, weight-sync link.
+
+Called by the `asyncrl-rollout` entry point (entrypoints/rollout.py) after the config, the reward
+function and the prompts have been checked. Generation starts at policy version 0 (the weights at
+``spec.model.path``) right away; the weight-sync link connects to the trainer's rendezvous in the
+background and keeps retrying, so rollouts may start before the trainer and survive its restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import pathlib
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import nats
+import nats.errors
+from asyncrl_api import config as config_mod
+
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import jetstream
+from asyncrl_workloads.rewards import loader
+from asyncrl_workloads.rollout import engine as engine_mod
+from asyncrl_workloads.rollout import worker as worker_mod
+from asyncrl_workloads.weightsync import replica as replica_mod
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(RuntimeError):
+    """A problem the rollout reports in one line and exits non-zero for."""
+
+
+def engine_settings(cfg: config_mod.JobConfig) -> engine_mod.EngineSettings:
+    spec = cfg.spec
+    cpu = spec.rollout.gpus_per_replica == 0
+    model_len = spec.rollout.engine.max_model_len
+    try:  # a small model cannot take the default 8192-token context; clamp to what it supports
+        limit = json.loads((pathlib.Path(spec.model.path) / "config.json").read_text())[
+            "max_position_embeddings"
+        ]
+        if model_len > limit:
+            log.info("rollout.engine.maxModelLen %d > model's %d: using %d", model_len, limit, limit)
+            model_len = int(limit)
+    except (OSError, KeyError, ValueError):
+        pass
+    return engine_mod.EngineSettings(
+        model=spec.model.path,
+        dtype="float32" if cpu else spec.model.dtype,
+        max_model_len=model_len,
+        backend=spec.weight_sync.backend,
+        tensor_parallel_size=max(1, spec.rollout.gpus_per_replica),
+        gpu_memory_utilization=spec.rollout.engine.gpu_memory_utilization,
+        enforce_eager=cpu or spec.rollout.engine.enforce_eager,
+        extra=tuple(sorted(spec.rollout.engine.args.items())),
+    )
+
+
+def worker_settings(cfg: config_mod.JobConfig, replica: int) -> worker_mod.WorkerSettings:
+    spec = cfg.spec
+    sampling = spec.rollout.sampling
+    return worker_mod.WorkerSettings(
+        job=cfg.name,
+        replica=replica,
+        n=sampling.n,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_inflight_prompts=spec.rollout.max_inflight_prompts,
+        partial_rollout=spec.rollout.partial_rollout,
+        max_staleness=spec.max_staleness(),
+        groups_per_version=spec.trainer.batch.prompts
+        * spec.async_.require_batches
+        * spec.async_.sync_every_steps,
+        replicas=max(1, spec.rollout.replicas),
+        prompt_key=spec.data.prompt_key,
+    )
+
+
+def run(
+    cfg: config_mod.JobConfig, replica: int, reward_fn: loader.RewardFn, records: Sequence[Mapping[str, Any]]
+) -> None:
+    asyncio.run(_run(cfg, replica, reward_fn, records))
+
+
+async def _connect(url: str) -> Any:
+    try:
+        return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=3, allow_reconnect=True)
+    except (OSError, nats.errors.Error, TimeoutError) as exc:
+        raise StartupError(
+            f"endpoints.natsUrl: cannot reach NATS at {url}: {exc or type(exc).__name__}"
+        ) from exc
+
+
+async def _run(
+    cfg: config_mod.JobConfig, replica: int, reward_fn: loader.RewardFn, records: Sequence[Mapping[str, Any]]
+) -> None:
+    spec = cfg.spec
+    if spec.model.create is not None:
+        from asyncrl_workloads import tinymodel
+
+        tinymodel.create_from_spec(spec.model.path, spec.model.create)  # idempotent, race-safe
+    bound = metrics_mod.bind(metrics_mod.Identity(cfg.namespace, cfg.name, "rollout", str(replica)))
+    metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
+    nc = await _connect(cfg.endpoints.nats_url)
+    engine = None
+    try:
+        js = nc.jetstream()
+        streams = jetstream.StreamSettings(
+            cfg.namespace,
+            cfg.name,
+            max_size=spec.async_.queue.max_size,
+            when_full=spec.async_.queue.when_full,
+        )
+        await jetstream.ensure_stream(js, streams)
+        publisher = jetstream.Publisher(js, streams, bound)
+        try:
+            engine = await engine_mod.RolloutEngine.start(engine_settings(cfg))
+        except Exception as exc:
+            raise StartupError(f"vLLM engine failed to start for {spec.model.path}: {exc}") from exc
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.path)
+        link = replica_mod.ReplicaLink(
+            cfg.endpoints.trainer_host, cfg.endpoints.weight_sync_port, replica,
+            ranks=max(1, spec.rollout.gpus_per_replica),
+        )  # fmt: skip
+        worker = worker_mod.RolloutWorker(
+            worker_settings(cfg, replica), engine, link, publisher.publish, reward_fn, records,
+            lambda text: list(tokenizer(text)["input_ids"]), bound,
+        )  # fmt: skip
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        log.info("rollout replica %d generating (incarnation %s)", replica, link.incarnation)
+        await worker.run(stop)
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        await nc.close()

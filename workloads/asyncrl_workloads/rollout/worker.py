@@ -1,0 +1,294 @@
+"""The rollout worker: keeps groups of ``n`` samples in flight, scores them, publishes them, and
+applies each new policy version the trainer announces.
+
+Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``RolloutEngine``, a
+``ReplicaLink`` to the trainer's weight-sync rendezvous and a publish coroutine (the bus's
+``jetstream.Publisher.publish``). Two loops run side by side:
+
+- **generation**: up to ``max_inflight_prompts`` groups at once; each group is one vLLM request
+  with ``n`` samples; every sample becomes one ``Trajectory`` (token ids, processed behaviour
+  logprobs, the policy version of every token, reward) published to the bus.
+- **control**: polls the rendezvous for plans; for a plan that includes this replica it pauses,
+  joins the round, loads the version and resumes. With ``partialRollout: true`` in-flight
+  requests are frozen and continue under the new weights (their tokens then carry several
+  versions); with ``false`` admission stops and in-flight groups finish first.
+
+One admission rule serves all three modes (so async and sync runs compare like with like): a
+replica may have started at most ``(versions seen + maxStaleness + 1) x per-replica batch`` groups
+since it started (AReaL's bound). In ``sync`` (maxStaleness 0) that means: generate one batch,
+then wait for the next version. If no new version arrives for ``stall_release_s`` while
+admission is closed, one more batch is admitted (the trainer may be short of samples because a
+replica died; samples of the current version are never stale).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.rewards import loader as reward_loader
+from asyncrl_workloads.rollout import engine as engine_mod
+from asyncrl_workloads.weightsync import base, replica
+
+log = logging.getLogger(__name__)
+Publish = Callable[[trajectory_mod.Trajectory], Awaitable[bool]]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    job: str
+    replica: int
+    n: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_inflight_prompts: int = 16
+    partial_rollout: bool = True
+    max_staleness: int = 2
+    groups_per_version: int = 8
+    """Groups the trainer consumes per policy version, all replicas together
+    (batch.prompts x requireBatches x syncEverySteps)."""
+    replicas: int = 1
+    """Expected replicas until a plan says how many take part."""
+    prompt_key: str = "prompt"
+    seed: int = 0
+    poll_s: float = 0.02
+    stall_release_s: float = 20.0
+
+
+@dataclasses.dataclass
+class Stats:
+    groups_started: int = 0
+    groups_done: int = 0
+    published: int = 0
+    partial: int = 0
+    updates: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        engine: engine_mod.RolloutEngine,
+        link: replica.ReplicaLink | None,
+        publish: Publish,
+        reward_fn: reward_loader.RewardFn,
+        records: Sequence[Mapping[str, Any]],
+        encode: Callable[[str], list[int]],
+        metrics: metrics_mod.Bound,
+    ) -> None:
+        self.s, self.engine, self.link, self.publish = settings, engine, link, publish
+        self.reward_fn, self.records, self.encode, self.m = reward_fn, records, encode, metrics
+        self.stats = Stats()
+        self.incarnation = link.incarnation if link else "local"
+        self._rng = random.Random(settings.seed * 1000003 + settings.replica)
+        self._order: list[int] = []
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._admit = asyncio.Event()
+        self._admit.set()
+        self._members = settings.replicas
+        self._start_version = engine.version
+        self._extra_batches = 0
+        self._idle_since: float | None = None
+        self._idle_total = 0.0
+        self._started_at = time.monotonic()
+        self.failure: BaseException | None = None
+        self._engine_epoch = 0
+
+    # ---- admission -------------------------------------------------------------------------
+    def _per_replica(self) -> int:
+        return max(1, math.ceil(self.s.groups_per_version / max(1, self._members)))
+
+    def _allowed(self) -> int:
+        versions = self.engine.version - self._start_version + self.s.max_staleness + 1 + self._extra_batches
+        return versions * self._per_replica()
+
+    def _may_start(self) -> bool:
+        return self._admit.is_set() and self.stats.groups_started < self._allowed()
+
+    # ---- generation loop -------------------------------------------------------------------
+    def _next_record(self) -> Mapping[str, Any]:
+        if not self._order:
+            self._order = list(range(len(self.records)))
+            self._rng.shuffle(self._order)
+        return self.records[self._order.pop()]
+
+    async def _generation(self, stop: asyncio.Event) -> None:
+        blocked_since: float | None = None
+        version_when_blocked = -1
+        while not stop.is_set():
+            if len(self._inflight) >= self.s.max_inflight_prompts or not self._may_start():
+                if self._admit.is_set() and not self._may_start() and len(self._inflight) == 0:
+                    if blocked_since is None or version_when_blocked != self.engine.version:
+                        blocked_since, version_when_blocked = time.monotonic(), self.engine.version
+                    elif time.monotonic() - blocked_since > self.s.stall_release_s:
+                        log.info(
+                            "no new version for %.0f s: admitting one more batch", self.s.stall_release_s
+                        )
+                        self._extra_batches += 1
+                        blocked_since = None
+                self._mark_idle(len(self._inflight) == 0)
+                await asyncio.sleep(self.s.poll_s)
+                continue
+            blocked_since = None
+            self._mark_idle(False)
+            index = self.stats.groups_started
+            self.stats.groups_started += 1
+            task = asyncio.create_task(self._group(index, self._next_record()))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    def _mark_idle(self, idle: bool) -> None:
+        now = time.monotonic()
+        if idle and self._idle_since is None:
+            self._idle_since = now
+        elif not idle and self._idle_since is not None:
+            self._idle_total += now - self._idle_since
+            self._idle_since = None
+        wall = now - self._started_at
+        if wall > 0:
+            current = self._idle_total + (now - self._idle_since if self._idle_since else 0.0)
+            self.m.rollout_idle.set(current / wall)
+
+    async def _group(self, index: int, record: Mapping[str, Any]) -> None:
+        try:
+            prompt_ids = self.encode(str(record[self.s.prompt_key]))
+            params = self.engine.sampling(
+                self.s.n, self.s.max_tokens, self.s.temperature, self.s.top_p,
+                seed=self.s.seed * 7919 + self.s.replica * 1_000_003 + index,
+            )  # fmt: skip
+            completions = await self.engine.generate(prompt_ids, params)
+            key = f"{self.incarnation}.{index}"
+            group_id = f"{self.s.job}:r{self.s.replica}:{key}"
+            for i, c in enumerate(completions):
+                if not c.token_ids:
+                    continue
+                try:
+                    reward = reward_loader.score(self.reward_fn, record, c.text)
+                except Exception:  # a buggy reward skips the sample, not the replica
+                    log.exception("reward function failed on group %d sample %d; sample skipped", index, i)
+                    continue
+                traj = trajectory_mod.Trajectory(
+                    id=trajectory_mod.trajectory_id(self.s.job, self.s.replica, key, i),
+                    job=self.s.job, replica=self.s.replica, group_id=group_id, group_size=len(completions),
+                    sample_index=i, prompt_ids=list(prompt_ids), response_ids=c.token_ids,
+                    behaviour_logprobs=c.logprobs, versions=c.versions, mask=[1] * len(c.token_ids),
+                    reward=reward, created_at=time.time(),
+                )  # fmt: skip
+                self.m.tokens_generated.inc(len(c.token_ids))
+                self.m.reward.observe(reward)
+                if len(set(c.versions)) > 1:
+                    self.stats.partial += 1
+                    self.m.partial_rollouts.inc()
+                if await self.publish(traj):
+                    self.stats.published += 1
+            self.stats.groups_done += 1
+        except Exception as exc:  # the engine or the bus failed: stop, the pod restarts
+            log.exception("group %d failed", index)
+            if self.failure is None:
+                self.failure = exc
+
+    # ---- control loop ----------------------------------------------------------------------
+    async def _control(self, stop: asyncio.Event) -> None:
+        assert self.link is not None
+        link = self.link
+        unreachable_logged = False
+        while not stop.is_set():
+            try:
+                plan = await asyncio.to_thread(link.poll)
+                unreachable_logged = False
+            except replica.TrainerUnreachable as exc:
+                if not unreachable_logged:
+                    log.warning("%s; retrying", exc)
+                    unreachable_logged = True
+                await asyncio.sleep(1.0)
+                continue
+            if link.epoch != self._engine_epoch:  # (re)connected: point the engine workers at the store
+                try:
+                    await self.engine.init_weight_sync(
+                        link.host, link.port, link.replica, link.incarnation, link.connect_timeout
+                    )
+                    self._engine_epoch = link.epoch
+                except Exception as exc:
+                    log.warning("weight sync: engine could not reach the trainer store (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    continue
+            if plan is not None and plan.version > self.engine.version:
+                if plan.includes(link.replica, link.incarnation):
+                    self._members = len(plan.candidates)
+                    await self._apply(plan)
+                else:
+                    log.info("v%d announced without this replica; joining at the next version", plan.version)
+            await asyncio.sleep(self.s.poll_s)
+
+    async def _apply(self, plan: base.Plan) -> None:
+        assert self.link is not None
+        t0 = time.monotonic()
+        paused = False
+        try:
+            if not self.s.partial_rollout:
+                self._admit.clear()
+                while self._inflight:
+                    await asyncio.sleep(self.s.poll_s / 4)
+            await self.engine.pause()
+            paused = True
+            t_paused = time.monotonic()
+            await asyncio.to_thread(self.link.ready, plan)
+            roster = await asyncio.to_thread(self.link.roster, plan)
+            if roster.member(self.link.replica, self.link.incarnation) is None:
+                log.warning("v%d: left out of the roster; joining at the next version", plan.version)
+                await asyncio.to_thread(self.link.rejoin)
+                return
+            t_roster = time.monotonic()
+            checksum = await self.engine.update(plan, roster)
+            t_loaded = time.monotonic()
+            await asyncio.to_thread(self.link.ack, plan, checksum, t_loaded - t_roster)
+            self.m.param_version.set(plan.version)
+            self.m.weight_sync_seconds.observe(t_loaded - t_roster)
+            self.stats.updates.append(
+                {"version": plan.version, "drain_s": t_paused - t0, "wait_roster_s": t_roster - t_paused,
+                 "load_s": t_loaded - t_roster}
+            )  # fmt: skip
+        except Exception as exc:  # TrainerUnreachable, a deadline, a broken group
+            log.warning("v%d: weight update failed (%s); keeping v%d", plan.version, exc, self.engine.version)
+            with contextlib.suppress(replica.TrainerUnreachable):
+                await asyncio.to_thread(self.link.rejoin)
+        finally:
+            if paused:
+                await self.engine.resume()
+                pause_s = time.monotonic() - t0
+                self.m.rollout_pause_seconds.observe(pause_s)
+                if self.stats.updates and self.stats.updates[-1]["version"] == plan.version:
+                    self.stats.updates[-1]["pause_s"] = pause_s
+            self._admit.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Generate and follow the trainer until ``stop`` is set or the engine fails."""
+        self.m.param_version.set(self.engine.version)
+        tasks = [asyncio.create_task(self._generation(stop))]
+        if self.link is not None:
+            tasks.append(asyncio.create_task(self._control(stop)))
+        watch = asyncio.create_task(self._watch(stop))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            watch.cancel()
+        if self.failure is not None:
+            raise self.failure
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        """Stop on the first failed group: a replica that cannot generate should restart."""
+        while not stop.is_set():
+            if self.failure is not None:
+                stop.set()
+            await asyncio.sleep(0.2)

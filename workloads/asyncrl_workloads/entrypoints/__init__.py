@@ -1,0 +1,1 @@
+"""Console entry points: tiny, parse config first, import heavy code after."""

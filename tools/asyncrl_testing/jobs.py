@@ -20,7 +20,7 @@ MALFORMED = REPO / "tests" / "unit" / "golden" / "malformed.yaml"
 BASE_SPEC: dict[str, Any] = {
     "model": {"path": "/models/tiny", "dtype": "float32"},
     "rollout": {"replicas": 2, "gpusPerReplica": 1},
-    "trainer": {"replicas": 2, "gpusPerReplica": 2},
+    "trainer": {"replicas": 2, "gpusPerReplica": 1},
     "data": {"prompts": "builtin:say_char"},
 }
 

@@ -1,0 +1,361 @@
+"""The operator on the real control plane: apply -> children -> kwok pods Running -> status Running,
+printer columns, scale, gang restart, single rollout replacement, suspend/resume, maxSteps, TTL,
+Stalled, garbage collection, and a crash-restarted operator that creates no duplicates."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asyncrl_testing import cluster_wait, jobs, operator_proc
+from asyncrl_testing.operator_proc import condition, get_json, job_status, pods
+
+pytestmark = pytest.mark.cluster
+
+CHILD_KINDS = "configmap,service,serviceaccount,role,rolebinding,networkpolicy,statefulset"
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_proc.OperatorProcess]:
+    with operator_proc.running(cluster, tmp_path_factory.mktemp("operator"), resync_seconds=3.0) as op:
+        yield op
+
+
+def apply(cluster: Any, body: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def children(cluster: Any, namespace: str, job: str) -> list[tuple[str, str]]:
+    items = get_json(cluster, CHILD_KINDS, "-n", namespace, "-l", f"asyncrl.dev/job={job}").get("items") or []
+    return sorted((o["kind"], o["metadata"]["name"]) for o in items)
+
+
+def running_pods(
+    cluster: Any, namespace: str, job: str, role: str, count: int, timeout: float = 90
+) -> list[Any]:
+    return cluster_wait.wait_until(
+        lambda: [
+            p for p in pods(cluster, namespace, job, role) if not p["metadata"].get("deletionTimestamp")
+        ],
+        lambda ps: len(ps) == count and all(p["status"].get("phase") == "Running" for p in ps),
+        f"{count} {role} pods of {job} Running",
+        timeout=timeout,
+    )
+
+
+def wait_phase(cluster: Any, namespace: str, job: str, phase: str, timeout: float = 90) -> Any:
+    return cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, job),
+        lambda st: st.get("phase") == phase,
+        f"{job} phase {phase}",
+        timeout=timeout,
+    )
+
+
+def uids(items: list[Any]) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in items}
+
+
+def start_job(cluster: Any, namespace: str, name: str = "demo", **patch: Any) -> Any:
+    apply(cluster, jobs.make_job(name, namespace, **patch))
+    return wait_phase(cluster, namespace, name, "Running")
+
+
+def fail_pod(cluster: Any, namespace: str, pod: str) -> None:
+    """Mark a pod Failed through its status subresource, as a kubelet does when the pod dies."""
+    patch = {"status": {"phase": "Failed", "reason": "Error", "message": "simulated failure"}}
+    cluster.kubectl(
+        "patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(patch)
+    )
+
+
+def report_progress(cluster: Any, namespace: str, job: str, **progress: Any) -> None:
+    cluster.kubectl(
+        "patch",
+        "asyncrljob",
+        job,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"progress": progress}}),
+    )
+
+
+def bind_storage(cluster: Any, namespace: str, claim: str) -> None:
+    """A statically bound PV/PVC pair (the scheduler needs bound claims; kwok mounts nothing)."""
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{namespace}-{claim}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "manual",
+            "hostPath": {"path": f"/tmp/{namespace}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "manual",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    apply(cluster, pv)
+    apply(cluster, pvc)
+    cluster_wait.wait_until(
+        lambda: get_json(cluster, "pvc", claim, "-n", namespace).get("status", {}),
+        lambda st: st.get("phase") == "Bound",
+        f"claim {claim} Bound",
+        timeout=60,
+    )
+
+
+def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, namespace, operator):
+    bind_storage(cluster, namespace, "rl-storage")
+    cluster.kubectl("apply", "-n", namespace, "-f", str(jobs.EXAMPLES / "job.yaml"))
+    expected = sorted(
+        [
+            ("ConfigMap", "math-config"),
+            ("NetworkPolicy", "math-net"),
+            ("Role", "math-trainer"),
+            ("RoleBinding", "math-trainer"),
+            ("Service", "math-nats"),
+            ("Service", "math-rollout"),
+            ("Service", "math-trainer"),
+            ("ServiceAccount", "math-trainer"),
+            ("StatefulSet", "math-nats"),
+            ("StatefulSet", "math-rollout"),
+            ("StatefulSet", "math-trainer"),
+        ]
+    )
+    cluster_wait.wait_until(
+        lambda: children(cluster, namespace, "math"),
+        lambda c: c == expected,
+        "all children of math",
+        timeout=30,
+    )
+    job = get_json(cluster, "asyncrljob", "math", "-n", namespace)
+    trainer = get_json(cluster, "statefulset", "math-trainer", "-n", namespace)
+    assert trainer["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    container = trainer["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert {e["name"] for e in container["env"]} >= {"MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK"}
+    rollout = get_json(cluster, "statefulset", "math-rollout", "-n", namespace)
+    assert rollout["spec"]["replicas"] == 2
+    config = json.loads(get_json(cluster, "configmap", "math-config", "-n", namespace)["data"]["job.json"])
+    assert config["spec"]["rollout"]["engine"]["args"] == {"max_num_seqs": 256}
+    assert config["endpoints"]["trainerHost"] == f"math-trainer-0.math-trainer.{namespace}.svc"
+
+    running_pods(cluster, namespace, "math", "rollout", 2)
+    running_pods(cluster, namespace, "math", "trainer", 1)
+    running_pods(cluster, namespace, "math", "nats", 1)
+    status = wait_phase(cluster, namespace, "math", "Running")
+    for kind in ("Ready", "TrainerReady", "RolloutReady", "BusReady", "Progressing"):
+        assert condition(status, kind).get("status") == "True", (kind, status)
+    assert condition(status, "InvalidSpec").get("status") == "False"
+    assert status["observedGeneration"] == job["metadata"]["generation"]
+
+    report_progress(
+        cluster,
+        namespace,
+        "math",
+        step=12,
+        paramVersion=11,
+        staleness={"p50": 1.0, "max": 2},
+        queueDepth=37,
+        stepTime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    table = cluster_wait.wait_until(
+        lambda: cluster.kubectl("get", "arj", "-n", namespace).stdout.splitlines(),
+        lambda lines: len(lines) == 2 and "Running" in lines[1],
+        "kubectl get arj row",
+        timeout=30,
+    )
+    assert table[0].split() == [
+        "NAME",
+        "PHASE",
+        "STEP",
+        "POLICY-VER",
+        "LAG",
+        "QUEUE",
+        "ROLLOUT",
+        "TRAINER",
+        "AGE",
+    ]
+    assert table[1].split()[:8] == ["math", "Running", "12", "11", "2", "37", "2/2", "1/1"]
+
+
+def test_scale_changes_only_the_rollout_role(cluster, namespace, operator):
+    start_job(cluster, namespace)
+    trainer_before = uids(running_pods(cluster, namespace, "demo", "trainer", 2))
+    cluster.kubectl("scale", "asyncrljob/demo", "-n", namespace, "--replicas=4")
+    running_pods(cluster, namespace, "demo", "rollout", 4)
+    assert uids(running_pods(cluster, namespace, "demo", "trainer", 2)) == trainer_before
+    cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo").get("rollout", {}),
+        lambda r: r.get("ready") == "4/4",
+        "status.rollout.ready 4/4",
+        timeout=30,
+    )
+    scale = json.loads(
+        cluster.kubectl(
+            "get", "--raw", f"/apis/asyncrl.dev/v1alpha1/namespaces/{namespace}/asyncrljobs/demo/scale"
+        ).stdout
+    )
+    assert scale["spec"]["replicas"] == 4 and "asyncrl.dev/role=rollout" in scale["status"]["selector"]
+
+
+def test_failed_trainer_pod_restarts_the_whole_gang_and_leaves_rollouts(cluster, namespace, operator):
+    start_job(cluster, namespace)
+    trainer_before = uids(running_pods(cluster, namespace, "demo", "trainer", 2))
+    rollout_before = uids(running_pods(cluster, namespace, "demo", "rollout", 2))
+    fail_pod(cluster, namespace, "demo-trainer-1")
+    cluster_wait.wait_until(
+        lambda: uids(running_pods(cluster, namespace, "demo", "trainer", 2)),
+        lambda now: set(now) == set(trainer_before) and not set(now.values()) & set(trainer_before.values()),
+        "every trainer pod recreated",
+        timeout=90,
+    )
+    assert uids(running_pods(cluster, namespace, "demo", "rollout", 2)) == rollout_before
+    status = cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo"),
+        lambda st: st.get("restarts", {}).get("trainer") == 1,
+        "restarts.trainer 1",
+    )
+    assert status["restarts"].get("rollout", 0) == 0
+    wait_phase(cluster, namespace, "demo", "Running")
+    assert 'asyncrl_job_restarts_total{role="trainer"}' in operator.metrics()
+
+
+def test_failed_rollout_pod_is_replaced_alone(cluster, namespace, operator):
+    start_job(cluster, namespace)
+    trainer_before = uids(running_pods(cluster, namespace, "demo", "trainer", 2))
+    rollout_before = uids(running_pods(cluster, namespace, "demo", "rollout", 2))
+    fail_pod(cluster, namespace, "demo-rollout-0")
+    after = cluster_wait.wait_until(
+        lambda: uids(running_pods(cluster, namespace, "demo", "rollout", 2)),
+        lambda now: now.get("demo-rollout-0") not in (None, rollout_before["demo-rollout-0"]),
+        "demo-rollout-0 replaced",
+        timeout=90,
+    )
+    assert after["demo-rollout-1"] == rollout_before["demo-rollout-1"]
+    assert uids(running_pods(cluster, namespace, "demo", "trainer", 2)) == trainer_before
+    cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo").get("restarts", {}),
+        lambda r: r.get("rollout") == 1 and r.get("trainer", 0) == 0,
+        "restarts.rollout 1",
+    )
+
+
+def test_suspend_scales_roles_to_zero_and_resume_brings_them_back(cluster, namespace, operator):
+    start_job(cluster, namespace)
+    nats_before = uids(running_pods(cluster, namespace, "demo", "nats", 1))
+    cluster.kubectl(
+        "patch", "asyncrljob", "demo", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    wait_phase(cluster, namespace, "demo", "Suspended")
+    cluster_wait.wait_until(
+        lambda: pods(cluster, namespace, "demo", "trainer") + pods(cluster, namespace, "demo", "rollout"),
+        lambda ps: ps == [],
+        "no trainer or rollout pods",
+        timeout=60,
+    )
+    assert uids(running_pods(cluster, namespace, "demo", "nats", 1)) == nats_before  # the bus is kept
+    cluster.kubectl(
+        "patch", "asyncrljob", "demo", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    running_pods(cluster, namespace, "demo", "trainer", 2)
+    running_pods(cluster, namespace, "demo", "rollout", 2)
+    wait_phase(cluster, namespace, "demo", "Running")
+
+
+def test_max_steps_succeeds_and_ttl_deletes_the_job_and_its_children(cluster, namespace, operator):
+    start_job(cluster, namespace, maxSteps=5, ttlSecondsAfterFinished=3)
+    report_progress(cluster, namespace, "demo", step=5, paramVersion=5)
+    wait_phase(cluster, namespace, "demo", "Succeeded", timeout=30)
+    cluster_wait.wait_until(
+        lambda: get_json(cluster, "asyncrljob", "demo", "-n", namespace),
+        lambda j: j == {},
+        "job deleted by its TTL",
+        timeout=60,
+    )
+    cluster_wait.wait_until(
+        lambda: (
+            children(cluster, namespace, "demo")
+            + [p["metadata"]["name"] for p in pods(cluster, namespace, "demo")]
+        ),
+        lambda left: left == [],
+        "children garbage-collected",
+        timeout=90,
+    )
+
+
+def test_deleting_a_job_garbage_collects_everything(cluster, namespace, operator):
+    start_job(cluster, namespace)
+    assert len(children(cluster, namespace, "demo")) == 11
+    cluster.kubectl("delete", "asyncrljob", "demo", "-n", namespace, "--wait=true", "--timeout=60s")
+    cluster_wait.wait_until(
+        lambda: (
+            children(cluster, namespace, "demo")
+            + [p["metadata"]["name"] for p in pods(cluster, namespace, "demo")]
+        ),
+        lambda left: left == [],
+        "children garbage-collected",
+        timeout=90,
+    )
+
+
+def test_step_not_advancing_sets_stalled(cluster, namespace, operator):
+    start_job(cluster, namespace, progress={"stalledAfterSeconds": 10})
+    old = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
+    report_progress(cluster, namespace, "demo", step=3, stepTime=old)
+    status = cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo"),
+        lambda st: condition(st, "Stalled").get("status") == "True",
+        "Stalled",
+        timeout=30,
+    )
+    assert condition(status, "Progressing").get("status") == "False"
+    report_progress(
+        cluster, namespace, "demo", step=4, stepTime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    )
+    cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo"),
+        lambda st: condition(st, "Stalled").get("status") == "False",
+        "not Stalled",
+        timeout=30,
+    )
+
+
+def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace, operator):
+    for i in range(3):
+        apply(cluster, jobs.make_job(f"crash{i}", namespace))
+    time.sleep(0.3)
+    operator.kill()  # SIGKILL somewhere inside the first reconciles
+    operator.start()
+    for i in range(3):
+        wait_phase(cluster, namespace, f"crash{i}", "Running")
+        assert len(children(cluster, namespace, f"crash{i}")) == 11
+        running_pods(cluster, namespace, f"crash{i}", "trainer", 2)
+        running_pods(cluster, namespace, f"crash{i}", "rollout", 2)
+    sts = get_json(cluster, "statefulset", "crash0-trainer", "-n", namespace)
+    managers = {m["manager"] for m in sts["metadata"]["managedFields"] if m["operation"] == "Apply"}
+    assert managers == {"asyncrl-operator"}
+    generation = sts["metadata"]["generation"]
+    time.sleep(7)  # two resyncs re-apply every child: nothing changes
+    assert (
+        get_json(cluster, "statefulset", "crash0-trainer", "-n", namespace)["metadata"]["generation"]
+        == generation
+    )

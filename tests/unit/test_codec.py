@@ -6,15 +6,23 @@ import base64
 import json
 
 import pytest
-
 from asyncrl_workloads.bus import codec, subjects, trajectory
 
 
 def make(**overrides):
     fields = dict(
-        id=trajectory.trajectory_id("demo", 1, "17", 3), job="demo", replica=1, group_id="demo:r1:p17",
-        group_size=4, sample_index=3, prompt_ids=[1, 40, 41], response_ids=[50, 51, 2],
-        behaviour_logprobs=[-0.1234567, -2.5, -7.0], versions=[3, 3, 4], mask=[1, 1, 1], reward=0.3,
+        id=trajectory.trajectory_id("demo", 1, "17", 3),
+        job="demo",
+        replica=1,
+        group_id="demo:r1:p17",
+        group_size=4,
+        sample_index=3,
+        prompt_ids=[1, 40, 41],
+        response_ids=[50, 51, 2],
+        behaviour_logprobs=[-0.1234567, -2.5, -7.0],
+        versions=[3, 3, 4],
+        mask=[1, 1, 1],
+        reward=0.3,
         created_at=1_700_000_000.25,
     )
     fields.update(overrides)

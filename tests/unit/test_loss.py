@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from asyncrl_workloads.trainer import loss
 
 CLIP = loss.ClipSettings(clip_low=0.2, clip_high=0.28, is_cap=2.0)
@@ -17,8 +16,12 @@ def _inputs(logp_minus_prox, prox_minus_behav, adv, mask=(1.0, 1.0, 1.0), num_to
     prox = behaviour + torch.log(torch.tensor([prox_minus_behav]))
     logprobs = (prox + torch.log(torch.tensor([logp_minus_prox]))).requires_grad_(True)
     return loss.LossInputs(
-        logprobs=logprobs, proximal_logprobs=prox, behaviour_logprobs=behaviour,
-        advantages=torch.tensor([adv]), mask=torch.tensor([mask]), num_tokens=num_tokens,
+        logprobs=logprobs,
+        proximal_logprobs=prox,
+        behaviour_logprobs=behaviour,
+        advantages=torch.tensor([adv]),
+        mask=torch.tensor([mask]),
+        num_tokens=num_tokens,
     )
 
 
@@ -86,7 +89,9 @@ def test_tis_truncates_the_weight_at_the_cap():
 
 def test_on_policy_corrections_agree_with_plain_ppo():
     # prox == behav (fresh samples): every variant is the same PPO-clip objective
-    values = [float(loss.LOSSES[name](_inputs([1.5, 0.5, 1.0], [1.0, 1.0, 1.0], 1.0), CLIP)[0].detach())
-              for name in ("none", "decoupled", "tis")]
+    values = [
+        float(loss.LOSSES[name](_inputs([1.5, 0.5, 1.0], [1.0, 1.0, 1.0], 1.0), CLIP)[0].detach())
+        for name in ("none", "decoupled", "tis")
+    ]
     assert values == pytest.approx([values[0]] * 3)
     assert math.isfinite(values[0])

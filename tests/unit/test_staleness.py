@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from asyncrl_workloads.bus import trajectory
 from asyncrl_workloads.trainer import batcher, checkpoint, staleness
 
@@ -11,9 +10,19 @@ from asyncrl_workloads.trainer import batcher, checkpoint, staleness
 def make(group="g0", index=0, size=2, versions=(5,)):
     n = len(versions)
     return trajectory.Trajectory(
-        id=f"{group}:s{index}", job="j", replica=0, group_id=group, group_size=size, sample_index=index,
-        prompt_ids=[1], response_ids=[7] * n, behaviour_logprobs=[-1.0] * n, versions=list(versions),
-        mask=[1] * n, reward=1.0, created_at=0.0,
+        id=f"{group}:s{index}",
+        job="j",
+        replica=0,
+        group_id=group,
+        group_size=size,
+        sample_index=index,
+        prompt_ids=[1],
+        response_ids=[7] * n,
+        behaviour_logprobs=[-1.0] * n,
+        versions=list(versions),
+        mask=[1] * n,
+        reward=1.0,
+        created_at=0.0,
     )
 
 
@@ -79,7 +88,12 @@ def test_ledger_survives_a_restart_and_recognises_trained_and_dropped_ids(tmp_pa
     again = checkpoint.Ledger.load(path)
     assert all(again.seen(i) for i in ("a", "b", "stale-1", "bad-1"))
     assert not again.seen("c")
-    assert (again.consumed_total, again.dropped_stale, again.dropped_invalid, again.acked_total) == (2, 1, 3, 6)
+    assert (again.consumed_total, again.dropped_stale, again.dropped_invalid, again.acked_total) == (
+        2,
+        1,
+        3,
+        6,
+    )
     assert not list(tmp_path.glob(".*.tmp"))
 
 

@@ -23,7 +23,9 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import pathlib
+import signal
 import statistics
 import time
 from typing import Any
@@ -44,6 +46,9 @@ class LoopSettings:
     sync_every_steps: int = 1
     step_log: pathlib.Path | None = None
     """JSON line per step (metrics, drops, sync report); the local runner and the e2e tests read it."""
+    kill_before_ack_step: int | None = None
+    """Fault injection for the crash tests (env ASYNCRL_FAULT_KILL_BEFORE_ACK_STEP): SIGKILL this process
+    after the ledger and checkpoint of that step are written, before its samples are acked."""
 
 
 @dataclasses.dataclass
@@ -143,6 +148,8 @@ class Leader:
             self.intake.ledger.record_step(state.step, state.version, [t.id for t in trajs])
             if self.checkpointer is not None and self.checkpointer.due(state.step):
                 await asyncio.to_thread(self._save, state)
+            if self.settings.kill_before_ack_step == state.step:
+                os.kill(os.getpid(), signal.SIGKILL)
             for t in taken:
                 await t.received.msg.ack()
             await self.nc.flush()

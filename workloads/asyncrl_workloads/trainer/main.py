@@ -30,6 +30,7 @@ from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, loop, loss, progr
 
 log = logging.getLogger(__name__)
 STEP_LOG_ENV = "ASYNCRL_STEP_LOG"
+FAULT_ENV = "ASYNCRL_FAULT_KILL_BEFORE_ACK_STEP"
 GROUP_TIMEOUT_S = 30.0
 
 
@@ -125,6 +126,7 @@ async def _lead(
             max_steps=spec.max_steps,
             sync_every_steps=spec.async_.sync_every_steps,
             step_log=pathlib.Path(step_log) if step_log else None,
+            kill_before_ack_step=int(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None,
         )
         reporter = progress.Reporter(
             progress.sink_from_env(cfg.namespace, cfg.name), spec.progress.report_interval_seconds

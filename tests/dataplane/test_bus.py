@@ -1,0 +1,178 @@
+"""The trajectory bus against a real nats-server: queue limits, backpressure, dedup, ack-after-step.
+
+Uses the `nats_server` fixture (tests/dataplane/conftest.py). Each test drives the same classes the
+rollout (Publisher) and the trainer (Consumer, Inbox, Ledger) use in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+import pytest
+from asyncrl_workloads import metrics
+from asyncrl_workloads.bus import jetstream, trajectory
+from asyncrl_workloads.trainer import batcher, checkpoint, inbox, staleness
+
+pytestmark = pytest.mark.dataplane
+
+
+def make(prompt: int, sample: int = 0, group_size: int = 1, version: int = 0) -> trajectory.Trajectory:
+    return trajectory.Trajectory(
+        id=trajectory.trajectory_id("bus", 0, str(prompt), sample),
+        job="bus",
+        replica=0,
+        group_id=f"bus:p{prompt}",
+        group_size=group_size,
+        sample_index=sample,
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        behaviour_logprobs=[-0.5, -0.25],
+        versions=[version, version],
+        mask=[1, 1],
+        reward=float(prompt),
+        created_at=time.time(),
+    )
+
+
+def bound(job: str) -> metrics.Bound:
+    return metrics.bind(metrics.Identity("test", job, "rollout", "0"))
+
+
+async def _connect(url):
+    nc = await nats.connect(url)
+    return nc, nc.jetstream()
+
+
+def test_drop_oldest_keeps_the_newest_and_counts_the_rest(nats_server):
+    async def scenario():
+        nc, js = await _connect(nats_server.url)
+        settings = jetstream.StreamSettings("test", "dropoldest", max_size=5, when_full="dropOldest")
+        await jetstream.ensure_stream(js, settings)
+        pub = jetstream.Publisher(js, settings, bound("dropoldest"))
+        for i in range(10):
+            assert await pub.publish(make(i))
+        consumer = jetstream.Consumer(js, settings)
+        await consumer.open()
+        state = await consumer.state()
+        got = await consumer.fetch(10, 1.0)
+        await nc.close()
+        return state, [r.trajectory.id for r in got]
+
+    state, ids = asyncio.run(scenario())
+    assert (state.messages, state.first_seq, state.last_seq) == (5, 6, 10)
+    assert jetstream.queue_full_drops(state, acked_total=0) == 5
+    assert ids == [trajectory.trajectory_id("bus", 0, str(i), 0) for i in range(5, 10)]
+
+
+def test_block_backs_off_until_the_trainer_acks_and_loses_nothing(nats_server):
+    async def scenario():
+        nc, js = await _connect(nats_server.url)
+        settings = jetstream.StreamSettings("test", "block", max_size=3, when_full="block")
+        await jetstream.ensure_stream(js, settings)
+        pub = jetstream.Publisher(js, settings, bound("block"), max_backoff_s=0.05)
+        for i in range(3):
+            await pub.publish(make(i))
+        fourth = asyncio.create_task(pub.publish(make(3)))
+        await asyncio.sleep(0.5)
+        blocked_while_full = not fourth.done()
+        backoffs_while_full = pub.backoffs
+        consumer = jetstream.Consumer(js, settings)
+        await consumer.open()
+        first = await consumer.fetch(1, 1.0)
+        await first[0].msg.ack()
+        await asyncio.wait_for(fourth, 5.0)
+        state = await consumer.state()
+        rest = await consumer.fetch(10, 1.0)
+        await nc.close()
+        return (
+            blocked_while_full,
+            backoffs_while_full,
+            pub.blocked_seconds,
+            state,
+            [r.trajectory.id for r in first + rest],
+        )
+
+    blocked, backoffs, blocked_s, state, ids = asyncio.run(scenario())
+    assert blocked and backoffs >= 3 and blocked_s > 0
+    assert (state.last_seq, state.messages) == (4, 3)
+    assert jetstream.queue_full_drops(state, acked_total=1) == 0
+    assert sorted(ids) == sorted(trajectory.trajectory_id("bus", 0, str(i), 0) for i in range(4))
+
+
+def test_a_republished_trajectory_is_stored_once(nats_server):
+    async def scenario():
+        nc, js = await _connect(nats_server.url)
+        settings = jetstream.StreamSettings("test", "dedup", max_size=10)
+        await jetstream.ensure_stream(js, settings)
+        pub = jetstream.Publisher(js, settings)
+        results = [await pub.publish(make(1)), await pub.publish(make(1)), await pub.publish(make(2))]
+        info = await js.stream_info(settings.stream)
+        await nc.close()
+        return results, info.state.messages
+
+    results, stored = asyncio.run(scenario())
+    assert results == [True, False, True]
+    assert stored == 2
+
+
+def _intake(js, settings, ledger, max_staleness=1):
+    consumer = jetstream.Consumer(js, settings)
+    return consumer, inbox.Inbox(
+        consumer,
+        staleness.StalenessFilter(max_staleness),
+        batcher.GroupBatcher(2, 30.0),
+        ledger,
+        metrics.bind(metrics.Identity("test", settings.job, "trainer", "0")),
+        fetch_timeout_s=0.2,
+    )
+
+
+def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nats_server, tmp_path):
+    """Trainer 1 takes a batch, records the step in its ledger and dies before acking. Trainer 2 gets the
+    same messages at once (the consumer is re-created), recognises them, acks without training, and
+    trains only the samples it has not seen. Stale and invalid samples are dropped and counted."""
+    ledger_path = tmp_path / checkpoint.LEDGER
+
+    async def scenario():
+        settings = jetstream.StreamSettings("test", "crash", max_size=100)
+        nc, js = await _connect(nats_server.url)
+        await jetstream.ensure_stream(js, settings)
+        pub = jetstream.Publisher(js, settings)
+        for p in range(4):
+            for s in range(2):
+                await pub.publish(make(p, s, group_size=2, version=3))
+        await pub.publish(make(9, 0, version=0))  # staleness 3 > 1 at trainer version 3
+        await js.publish(settings.subject, b"not a trajectory")
+
+        consumer, intake = _intake(js, settings, checkpoint.Ledger.load(ledger_path))
+        await consumer.open()
+        stop = asyncio.Event()
+        first = await intake.next_batch(3, stop, wait_s=5.0)
+        intake.ledger.record_step(1, 3, [t.trajectory.id for t in first])  # the step happened ...
+        await nc.close()  # ... and the trainer died before acking
+
+        nc, js = await _connect(nats_server.url)
+        consumer, intake = _intake(js, settings, checkpoint.Ledger.load(ledger_path))
+        await consumer.open()
+        second = await intake.next_batch(3, stop, wait_s=5.0)
+        for t in second:
+            await t.received.msg.ack()
+        await nc.flush()
+        intake.ledger.record_step(2, 3, [t.trajectory.id for t in second])
+        left = await intake.next_batch(3, stop, wait_s=1.0)
+        state = await consumer.state()
+        await nc.close()
+        return first, second, left, intake, state
+
+    first, second, left, intake, state = asyncio.run(scenario())
+    first_ids = {t.trajectory.id for t in first}
+    second_ids = {t.trajectory.id for t in second}
+    assert len(first_ids) == 4 and len(second_ids) == 4
+    assert not first_ids & second_ids
+    assert left == []
+    assert intake.redeliveries_skipped == 4
+    assert (intake.ledger.dropped_stale, intake.ledger.dropped_invalid) == (1, 1)
+    assert state.messages == 0
+    assert intake.ledger.acked_total == state.last_seq  # 8 trained + 1 stale + 1 invalid: all accounted

@@ -106,13 +106,12 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
 
 def _compute(job: models.AsyncRLJob, objects: dict[tuple[str, str], Body], now: datetime.datetime) -> Any:
     name = job.metadata.name
-    trainer_ok_before = job.status.trainer.ready_replicas >= job.spec.trainer.replicas
     obs = status.Observed(
         now=now,
         trainer=objects.get(("StatefulSet", render.names.trainer(name))),
         rollout=objects.get(("StatefulSet", render.names.rollout(name))),
         nats=objects.get(("StatefulSet", render.names.nats(name))),
-        restarting=job.status.phase == "Restarting" and not trainer_ok_before,
+        restarting=job.status.phase == "Restarting",
     )
     new = status.compute_status(job, obs)
     new.config_hash = render.configmap.config_hash(render.configmap.job_config(job))

@@ -30,7 +30,7 @@ class Observed:
     invalid: str | None = None
     """Why the spec is invalid (the handler's validation message), or None."""
     restarting: bool = False
-    """A trainer gang restart is in progress (old pods deleted, new ones not yet Ready)."""
+    """A trainer gang restart was started (phase Restarting); it lasts until the trainer is Ready again."""
 
 
 def _ready(sts: Body | None) -> int:
@@ -93,7 +93,7 @@ def compute_phase(
         return "Failed"
     if job.spec.suspend:
         return "Suspended"
-    if obs.restarting:
+    if obs.restarting and not trainer_ok:
         return "Restarting"
     if trainer_ok and rollout_some and bus_ok:
         return "Running"

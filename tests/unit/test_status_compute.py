@@ -104,6 +104,7 @@ def test_transition_times_only_move_when_a_condition_changes() -> None:
 
 def test_restarting_until_the_gang_is_back() -> None:
     assert _observe(_job(), trainer=1, rollout=2, restarting=True).phase == "Restarting"
+    assert _observe(_job(), trainer=2, rollout=2, restarting=True).phase == "Running"
 
 
 def test_invalid_spec_is_failed_with_the_message() -> None:

@@ -29,3 +29,25 @@ def test_malformed_spec_is_rejected_naming_its_field(case: dict[str, Any]) -> No
         models.AsyncRLJobSpec.model_validate(spec)
     leaf = re.sub(r"\[\d+\]", "", case["field"].rsplit(".", 1)[-1])
     assert leaf in str(info.value)
+
+
+def test_the_handler_reports_field_paths_of_an_invalid_job() -> None:
+    from asyncrl_operator import reconcile
+
+    body = jobs.make_job(
+        "demo",
+        "ns",
+        rollout={"replicas": -1},
+        volumes=[{"name": "c", "claimName": "c", "mountPath": "/etc/asyncrl"}],
+    )
+    job, why = reconcile.parse(body)
+    assert job is None and why is not None and "spec.rollout.replicas" in why
+
+
+def test_the_handler_rejects_names_the_crd_would_reject() -> None:
+    from asyncrl_operator import reconcile
+
+    job, why = reconcile.parse(jobs.make_job("x" * (models.MAX_NAME_LENGTH + 1), "ns"))
+    assert job is None and why is not None and why.startswith("metadata.name")
+    job, why = reconcile.parse(jobs.make_job("x" * models.MAX_NAME_LENGTH, "ns"))
+    assert job is not None and why is None

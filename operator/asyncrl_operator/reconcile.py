@@ -100,7 +100,17 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
             client.delete(models.KIND, namespace, name)
             metrics.forget(namespace, name)
             return
-        applied = {(o["kind"], o["metadata"]["name"]): client.apply(o) for o in render.render(job)}
+        applied: dict[tuple[str, str], Body] = {}
+        for obj in render.render(job):
+            key = (obj["kind"], obj["metadata"]["name"])
+            try:
+                applied[key] = client.apply(obj)
+            except apply.ApiError as exc:
+                why = f"applying {key[0]} {key[1]} failed: {exc.status} {exc.reason}"
+                log.error("%s/%s: %s", namespace, name, why)
+                degraded = status.with_condition(job.status, "Degraded", True, "ApplyFailed", why, now)
+                _write_status(client, body, degraded)
+                raise
         _write_status(client, body, _compute(job, applied, now))
 
 

@@ -208,6 +208,23 @@ def compute_invalid_status(
     return st
 
 
+def with_condition(
+    old: api_status.AsyncRLJobStatus,
+    type_: api_status.ConditionType,
+    ok: bool,
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+) -> api_status.AsyncRLJobStatus:
+    """The status with one condition set (others untouched), e.g. Degraded/ApplyFailed after an API error."""
+    st = old.model_copy(deep=True)
+    cond = _cond(type_, ok, reason, message)
+    rest = [c for c in old.conditions if c.type != type_]
+    generation = old.observed_generation
+    st.conditions = _keep_transition_times([*rest, cond], old.conditions, format_time(now), generation)
+    return st
+
+
 def status_patch(new: api_status.AsyncRLJobStatus) -> Body:
     """The merge patch for the status subresource: every operator-owned field, never ``progress``."""
     body = new.to_api()

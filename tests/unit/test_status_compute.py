@@ -148,3 +148,10 @@ def test_trainer_failure_restarts_the_gang_and_rollout_failure_is_counted() -> N
     assert lifecycle.failure_key(pod("trainer", restarts=1)) != lifecycle.failure_key(
         pod("trainer", restarts=2)
     )
+
+
+def test_an_apply_failure_is_reported_as_degraded_without_touching_other_conditions() -> None:
+    running = _observe(_job(), 2, 2)
+    st = status.with_condition(running, "Degraded", True, "ApplyFailed", "applying Role x failed: 403", NOW)
+    assert _conditions(st)["Degraded"] == "True" and _conditions(st)["Ready"] == "True"
+    assert st.condition("Degraded") is not None and "403" in st.condition("Degraded").message  # type: ignore[union-attr]

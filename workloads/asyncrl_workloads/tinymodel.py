@@ -154,4 +154,4 @@ def create_tiny_model(path: str | os.PathLike[str], seed: int = 0, **overrides: 
 def create_from_spec(path: str | os.PathLike[str], spec: Any) -> pathlib.Path:
     """Create (or reuse) the model an `asyncrl_api.task.TinyModelSpec` (spec.model.create) describes."""
     return create_tiny_model(path, seed=spec.seed, num_layers=spec.layers, hidden_size=spec.hidden,
-                             num_heads=spec.heads, intermediate_size=2 * spec.hidden)
+                             num_heads=spec.heads)

@@ -1,0 +1,193 @@
+"""The local runner's pure parts: the operator's rendered pods as local processes, job loading, progress
+records and plots. (The runner running for real is tests/e2e/test_local_runner.py.)"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+
+import prometheus_client
+import pytest
+import yaml
+from asyncrl_api import config, models
+from asyncrl_operator import render
+from asyncrl_testing import jobs
+from asyncrl_workloads.local import pods, progress, runner
+
+CONFIG_PATH = pathlib.Path("/runs/x/job.json")
+
+
+def _expand(body):
+    job = models.AsyncRLJob.model_validate(body)
+    manifests = render.render(job)
+    cfg = pods.localize_config(pods.job_json(manifests), "nats://127.0.0.1:4333", 31001, 31002, 31003)
+    ports = itertools.count(40000)
+    return cfg, pods.expand(manifests, CONFIG_PATH, cfg, lambda: next(ports))
+
+
+def test_tiny_example_expands_to_one_trainer_and_two_rollouts_with_local_identity():
+    cfg, local = _expand(jobs.load_example("tiny-cpu.yaml"))
+    assert [(p.name, p.role, p.replica) for p in local] == [
+        ("tiny-trainer-0", "trainer", 0), ("tiny-rollout-0", "rollout", 0), ("tiny-rollout-1", "rollout", 1)]
+    trainer, rollout0, rollout1 = local
+    config_args = ("--config", str(CONFIG_PATH))
+    assert trainer.argv[0].endswith("asyncrl-trainer") and trainer.argv[1:] == config_args
+    assert rollout1.argv[0].endswith("asyncrl-rollout") and rollout1.argv[1:] == config_args
+    assert {k: trainer.env[k] for k in ("ASYNCRL_ROLE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                        "MASTER_PORT", "POD_NAME", "POD_NAMESPACE")} == {
+        "ASYNCRL_ROLE": "trainer", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "31002", "POD_NAME": "tiny-trainer-0",
+        "POD_NAMESPACE": "default"}
+    assert (rollout1.env["ASYNCRL_ROLE"], rollout1.env["ASYNCRL_REPLICA"], rollout1.env["POD_NAME"]) == (
+        "rollout", "1", "tiny-rollout-1")
+    ports = [p.metrics_port for p in local]
+    assert len(set(ports)) == 3 and [p.env["ASYNCRL_METRICS_PORT"] for p in local] == [str(n) for n in ports]
+    assert cfg.endpoints.trainer_host == "127.0.0.1" and cfg.endpoints.weight_sync_port == 31001
+
+
+def test_localized_config_changes_only_the_endpoints():
+    body = jobs.load_example("tiny-cpu.yaml")
+    job = models.AsyncRLJob.model_validate(body)
+    rendered = config.JobConfig.model_validate_json(pods.job_json(render.render(job)))
+    cfg, _ = _expand(body)
+    assert cfg.spec == rendered.spec and (cfg.name, cfg.namespace) == (rendered.name, rendered.namespace)
+    assert cfg.endpoints.nats_url == "nats://127.0.0.1:4333" != rendered.endpoints.nats_url
+    assert rendered.endpoints.trainer_host != "127.0.0.1"
+
+
+def test_torchrun_trainer_gets_its_node_rank_and_local_master_expanded_into_the_command():
+    body = jobs.make_job("big", rollout={"replicas": 1, "gpusPerReplica": 1},
+                         trainer={"replicas": 2, "gpusPerReplica": 2})
+    cfg, local = _expand(body)
+    trainers = [p for p in local if p.role == "trainer"]
+    assert [p.name for p in trainers] == ["big-trainer-0", "big-trainer-1"]
+    second = trainers[1].argv
+    assert second[0].endswith("torchrun")
+    assert "--node-rank=1" in second and "--master-addr=127.0.0.1" in second
+    assert f"--master-port={cfg.endpoints.torch_master_port}" in second
+    assert not any("$(" in arg for arg in second)
+    assert second[-2:] == ("--config", str(CONFIG_PATH))
+
+
+def test_replica_override_and_rendered_zero_replicas():
+    body = jobs.load_example("tiny-cpu.yaml")
+    job = models.AsyncRLJob.model_validate(body)
+    manifests = render.render(job)
+    cfg = pods.localize_config(pods.job_json(manifests), "nats://x:1", 1, 2, 3)
+    ports = itertools.count(40000)
+    local = pods.expand(manifests, CONFIG_PATH, cfg, lambda: next(ports), replicas={"rollout": 1})
+    assert [p.name for p in local] == ["tiny-trainer-0", "tiny-rollout-0"]
+
+
+def test_kubernetes_variable_expansion_rules():
+    env = {"A": "1", "B": "two"}
+    assert pods.expand_vars("$(A)-$(B)-$(C)-$$(A)", env) == "1-two-$(C)-$(A)"
+
+
+def test_unknown_downward_api_field_is_refused():
+    container = {"env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]}
+    with pytest.raises(pods.RenderedJobError, match="metadata.uid"):
+        pods.container_env(container, "p-0", "ns", 0, {})
+    secret = {"env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}
+    with pytest.raises(pods.RenderedJobError, match="'K'"):
+        pods.container_env(secret, "p-0", "ns", 0, {})
+
+
+def test_missing_role_statefulset_is_reported():
+    job = models.AsyncRLJob.model_validate(jobs.load_example("tiny-cpu.yaml"))
+    manifests = [m for m in render.render(job)
+                 if m["metadata"]["name"] != "tiny-rollout" or m["kind"] != "StatefulSet"]
+    with pytest.raises(pods.RenderedJobError, match="rollout"):
+        pods.role_statefulsets(manifests)
+
+
+# --- job loading --------------------------------------------------------------------------------------
+
+def test_job_overrides_move_checkpoints_into_the_run_dir(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(jobs.load_example("tiny-cpu.yaml")))
+    options = runner.Options(job_file=job_file, max_steps=3, rollout_replicas=1)
+    job, _ = runner.load_job(options, tmp_path / "run")
+    assert job.spec.max_steps == 3 and job.spec.rollout.replicas == 1
+    assert job.spec.trainer.checkpoint.path == str((tmp_path / "run" / "checkpoints").resolve())
+    kept, _ = runner.load_job(runner.Options(job_file=job_file, keep_checkpoint_path=True), tmp_path / "r")
+    assert kept.spec.trainer.checkpoint.path == "/tmp/asyncrl/checkpoints/tiny"
+
+
+def test_invalid_job_names_the_field_and_writes_nothing(tmp_path):
+    body = jobs.load_example("tiny-cpu.yaml")
+    body["spec"]["rollout"]["replicas"] = -1
+    job_file = tmp_path / "bad.yaml"
+    job_file.write_text(yaml.safe_dump(body))
+    run_dir = tmp_path / "run"
+    with pytest.raises(runner.JobFileError, match=r"spec\.rollout\.replicas"):
+        runner.run(runner.Options(job_file=job_file, run_dir=run_dir))
+    assert not run_dir.exists()
+
+
+# --- progress records and plots -----------------------------------------------------------------------
+
+def _exposition(produced, consumed, tokens, rewards, step, depth):
+    registry = prometheus_client.CollectorRegistry()
+    labels = ("namespace", "job", "role", "replica")
+    values = ("default", "tiny", "trainer", "0")
+    prometheus_client.Counter("asyncrl_trajectories_produced", "", labels, registry=registry).labels(
+        *values).inc(produced)
+    prometheus_client.Counter("asyncrl_trajectories_consumed", "", labels, registry=registry).labels(
+        *values).inc(consumed)
+    prometheus_client.Counter("asyncrl_tokens_generated", "", labels, registry=registry).labels(
+        *values).inc(tokens)
+    histogram = prometheus_client.Histogram("asyncrl_reward", "", labels, registry=registry).labels(*values)
+    for reward in rewards:
+        histogram.observe(reward)
+    prometheus_client.Gauge("asyncrl_trainer_step", "", labels, registry=registry).labels(*values).set(step)
+    prometheus_client.Gauge("asyncrl_queue_depth", "", labels, registry=registry).labels(*values).set(depth)
+    return prometheus_client.generate_latest(registry).decode()
+
+
+def test_tracker_turns_counters_into_rates_and_reads_reward_and_staleness_from_steps():
+    clock = iter([100.0, 102.0, 106.0])
+    tracker = progress.Tracker(max_steps=10, clock=lambda: next(clock))
+    first = tracker.record(progress.aggregate({"a": _exposition(10, 8, 80, [0.0, 1.0], 1, 4), "b": None}),
+                           [{"step": 1, "reward_mean": 0.25, "staleness": [0, 1, 1]}], processes=2)
+    assert (first["step"], first["produced"], first["consumed"], first["queueDepth"]) == (1, 10, 8, 4)
+    assert first["samplesPerSecond"] == 4.0 and first["tokensPerSecond"] == 40.0
+    assert first["reward"] == 0.25 and first["rolloutReward"] == 0.5
+    assert first["stalenessMean"] == pytest.approx(2 / 3) and first["stalenessMax"] == 1
+    assert first["processesUp"] == 1 and first["processes"] == 2
+    # counters are cumulative: two more rewards of 1.0 since the last poll
+    second = tracker.record(progress.aggregate({"a": _exposition(30, 24, 80, [0.0, 1.0, 1.0, 1.0], 3, 6)}),
+                            [], processes=2)
+    assert second["samplesPerSecond"] == 4.0 and second["tokensPerSecond"] == 0.0
+    assert second["reward"] == 0.25  # no new step: the last known batch reward is carried
+    assert second["rolloutReward"] == 1.0 and second["stalenessMean"] is None
+    assert "step 3/10" in progress.line(second) and "queue 6" in progress.line(second)
+
+
+def test_step_log_returns_only_complete_new_lines(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    log = progress.StepLog(path)
+    assert log.read_new() == []
+    path.write_text('{"step": 1}\n{"step": 2')
+    assert log.read_new() == [{"step": 1}]
+    with path.open("a") as handle:
+        handle.write('}\n{"step": 3}\n')
+    assert log.read_new() == [{"step": 2}, {"step": 3}]
+
+
+def test_plot_writes_png_curves(tmp_path):
+    from asyncrl_workloads.local import plot
+
+    with (tmp_path / "metrics.jsonl").open("w") as handle:
+        for i in range(6):
+            handle.write(json.dumps({"step": i, "elapsed": 2.0 * i, "reward": 0.1 * i, "rolloutReward": None,
+                                     "stalenessMean": 0.5, "stalenessMax": 1, "samplesPerSecond": 3.0,
+                                     "producedPerSecond": 3.5}) + "\n")
+        handle.write('{"step": 7, "elap')  # a partial last line from a killed run is ignored
+    written = plot.plot(tmp_path)
+    assert sorted(p.name for p in written) == ["curves.png", "reward.png", "staleness.png", "throughput.png"]
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    with pytest.raises(plot.PlotError, match="cannot read"):
+        plot.plot(tmp_path / "nothing-here")

@@ -1,0 +1,70 @@
+"""`asyncrl`: the command for humans.
+
+  asyncrl run examples/tiny-cpu.yaml [--run-dir DIR] [--max-steps N] [--rollout-replicas N] [--timeout S]
+  asyncrl plot RUN_DIR [--out DIR]
+
+The console script named in pyproject.toml. `run` executes a job locally through `local.runner` (the
+operator's rendered pods as local processes); `plot` renders a run's curves through `local.plot`. Errors
+a user can fix (a bad job file, a missing model, a port or binary problem) end with one line and a
+non-zero exit code, not a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncrl", description="Fully asynchronous RL for LLMs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run an AsyncRLJob on this machine (no cluster)")
+    run.add_argument("job", type=pathlib.Path, help="AsyncRLJob YAML, e.g. examples/tiny-cpu.yaml")
+    run.add_argument("--run-dir", type=pathlib.Path, help="where logs, metrics and checkpoints go "
+                     "(default runs/<job>-<time>; an existing run dir resumes from its checkpoint)")
+    run.add_argument("--max-steps", type=int, help="override spec.maxSteps")
+    run.add_argument("--rollout-replicas", type=int, help="override spec.rollout.replicas")
+    run.add_argument("--timeout", type=float, help="stop after this many seconds")
+    run.add_argument("--poll", type=float, default=2.0, help="progress poll interval in seconds")
+    run.add_argument("--keep-checkpoint-path", action="store_true",
+                     help="use spec.trainer.checkpoint.path as written instead of <run-dir>/checkpoints")
+    plot = commands.add_parser("plot", help="render PNG curves of a run's reward, staleness, throughput")
+    plot.add_argument("run_dir", type=pathlib.Path)
+    plot.add_argument("--out", type=pathlib.Path, help="output directory (default: the run dir)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "plot":
+        from asyncrl_workloads.local import plot
+
+        try:
+            for path in plot.plot(args.run_dir, args.out):
+                print(path)
+        except plot.PlotError as exc:
+            print(f"asyncrl plot: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
+    from asyncrl_workloads import tinymodel
+    from asyncrl_workloads.local import natsserver, pods, runner
+
+    options = runner.Options(
+        job_file=args.job, run_dir=args.run_dir, max_steps=args.max_steps,
+        rollout_replicas=args.rollout_replicas, timeout_s=args.timeout, poll_interval_s=args.poll,
+        keep_checkpoint_path=args.keep_checkpoint_path,
+    )
+    try:
+        return runner.run(options)
+    except (runner.JobFileError, tinymodel.TinyModelError, pods.RenderedJobError) as exc:
+        print(f"asyncrl run: {exc}", file=sys.stderr)
+        return 2
+    except natsserver.NatsServerError as exc:
+        print(f"asyncrl run: embedded NATS: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The operator's rendered objects turned into local processes: one `LocalPod` per StatefulSet replica.
+
+Called by `runner` (and unit-tested on its own: pure, no I/O). Input is the list `render(job)` returns;
+only the ConfigMap `job.json` and the rollout/trainer StatefulSets are used (the managed NATS StatefulSet
+is replaced by the embedded nats-server). For each replica the container's env is resolved the way the
+kubelet would: plain values as given, downward-API `fieldRef`s filled with the pod's local identity
+(pod-index label = ordinal, metadata.name = `<statefulset>-<ordinal>`, metadata.namespace), `$(VAR)`
+references in the command expanded from that env. Local differences, all explicit here:
+
+- the config path argument (/etc/asyncrl/job.json) points at the run dir's copy, whose `endpoints`
+  name 127.0.0.1 and the runner's free ports (`localize_config`);
+- MASTER_ADDR/MASTER_PORT (torch's default group) become 127.0.0.1 and the local torch master port;
+- each process gets its own metrics port through ASYNCRL_METRICS_PORT (they share one host);
+- a bare console-script name (asyncrl-trainer) resolves to the running interpreter's scripts dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from asyncrl_api import config
+
+ROLE_LABEL = "asyncrl.dev/role"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+ROLES = ("trainer", "rollout")  # start order: the trainer hosts the weight-sync rendezvous
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+class RenderedJobError(ValueError):
+    """The rendered objects lack something the runner needs (a bug in render or an unknown field)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalPod:
+    """One process to run: what the kubelet would start for one replica of a role."""
+
+    name: str
+    role: str
+    replica: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    metrics_port: int
+
+
+def job_json(manifests: list[dict[str, Any]]) -> str:
+    """The `job.json` text of the rendered ConfigMap."""
+    for manifest in manifests:
+        if manifest.get("kind") == "ConfigMap" and config.CONFIGMAP_KEY in manifest.get("data", {}):
+            return str(manifest["data"][config.CONFIGMAP_KEY])
+    raise RenderedJobError(f"render() produced no ConfigMap with key {config.CONFIGMAP_KEY}")
+
+
+def localize_config(text: str, nats_url: str, weight_sync_port: int, torch_master_port: int,
+                    metrics_port: int) -> config.JobConfig:
+    """The rendered config with `endpoints` pointing at this machine."""
+    rendered = config.JobConfig.model_validate_json(text)
+    endpoints = config.Endpoints(
+        nats_url=nats_url, trainer_host="127.0.0.1", weight_sync_port=weight_sync_port,
+        torch_master_port=torch_master_port, metrics_port=metrics_port,
+    )
+    return rendered.model_copy(update={"endpoints": endpoints})
+
+
+def role_statefulsets(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """role -> StatefulSet for the trainer and rollout roles."""
+    found = {}
+    for manifest in manifests:
+        role = manifest.get("metadata", {}).get("labels", {}).get(ROLE_LABEL)
+        if manifest.get("kind") == "StatefulSet" and role in ROLES:
+            found[role] = manifest
+    missing = [role for role in ROLES if role not in found]
+    if missing:
+        raise RenderedJobError(f"render() produced no StatefulSet for role(s) {', '.join(missing)}")
+    return {role: found[role] for role in ROLES}
+
+
+def expand_vars(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion: defined names are replaced, `$$` is a literal `$`, others stay."""
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+    return _VAR_REF.sub(replace, text)
+
+
+def field_value(path: str, pod_name: str, namespace: str, ordinal: int, labels: Mapping[str, str]) -> str:
+    """The downward-API value of `fieldRef.fieldPath` for a local pod."""
+    simple = {"metadata.name": pod_name, "metadata.namespace": namespace, "spec.nodeName": "localhost",
+              "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+    if path in simple:
+        return simple[path]
+    match = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+    if match:
+        key = match.group(1)
+        if key == POD_INDEX_LABEL:
+            return str(ordinal)
+        if key in labels:
+            return labels[key]
+    raise RenderedJobError(f"env fieldRef {path!r} has no local equivalent")
+
+
+def container_env(container: Mapping[str, Any], pod_name: str, namespace: str, ordinal: int,
+                  labels: Mapping[str, str]) -> dict[str, str]:
+    """The container's env as the kubelet resolves it (in order; later entries may use earlier ones)."""
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = expand_vars(str(item["value"]), env)
+        elif "fieldRef" in item.get("valueFrom", {}):
+            path = item["valueFrom"]["fieldRef"]["fieldPath"]
+            env[item["name"]] = field_value(path, pod_name, namespace, ordinal, labels)
+        else:
+            raise RenderedJobError(f"env {item.get('name')!r}: only value and fieldRef are supported locally")
+    return env
+
+
+def resolve_executable(name: str) -> str:
+    """A console script from this interpreter's environment, else from PATH, else unchanged."""
+    if "/" in name:
+        return name
+    beside = pathlib.Path(sys.executable).parent / name
+    if beside.is_file():
+        return str(beside)
+    return shutil.which(name) or name
+
+
+def expand(manifests: list[dict[str, Any]], config_path: pathlib.Path, cfg: config.JobConfig,
+           next_port: Callable[[], int], replicas: Mapping[str, int] | None = None) -> list[LocalPod]:
+    """Every replica of the trainer and rollout StatefulSets as a `LocalPod` (trainer first).
+
+    `cfg` is the localized config (its torch master port is used); `next_port` hands out metrics ports;
+    `replicas` overrides a role's replica count (default: the StatefulSet's spec.replicas).
+    """
+    pods: list[LocalPod] = []
+    for role, statefulset in role_statefulsets(manifests).items():
+        count = (replicas or {}).get(role, int(statefulset["spec"].get("replicas", 1)))
+        template = statefulset["spec"]["template"]
+        labels = template.get("metadata", {}).get("labels", {})
+        containers = template["spec"]["containers"]
+        if len(containers) != 1:
+            raise RenderedJobError(f"{role} pods have {len(containers)} containers; the runner runs one")
+        container = containers[0]
+        for ordinal in range(count):
+            pod_name = f"{statefulset['metadata']['name']}-{ordinal}"
+            env = container_env(container, pod_name, cfg.namespace, ordinal, labels)
+            if "MASTER_ADDR" in env:
+                env["MASTER_ADDR"] = "127.0.0.1"
+            if "MASTER_PORT" in env:
+                env["MASTER_PORT"] = str(cfg.endpoints.torch_master_port)
+            metrics_port = next_port()
+            env["ASYNCRL_METRICS_PORT"] = str(metrics_port)
+            argv = [expand_vars(arg, env) for arg in container["command"] + container.get("args", [])]
+            argv = [str(config_path) if arg == config.MOUNT_PATH else arg for arg in argv]
+            argv[0] = resolve_executable(argv[0])
+            pods.append(LocalPod(pod_name, role, ordinal, tuple(argv), env, metrics_port))
+    return pods
+
+
+def describe(pods: list[LocalPod]) -> str:
+    """A JSON summary (written to the run dir, so a run says exactly what it started)."""
+    return json.dumps([{"name": p.name, "role": p.role, "replica": p.replica, "argv": list(p.argv),
+                        "env": dict(p.env), "metricsPort": p.metrics_port} for p in pods], indent=2)

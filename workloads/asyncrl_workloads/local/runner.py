@@ -1,0 +1,269 @@
+"""`asyncrl run JOB.yaml`: run an AsyncRLJob on this machine, with no cluster.
+
+Called by `asyncrl_workloads.cli`. The operator's own `render(job)` decides what runs: the ConfigMap's
+job.json and the trainer/rollout StatefulSets' containers become local processes (`pods.expand`), so
+what runs here is exactly what the operator would create. Around them the runner provides what the
+cluster would: an embedded nats-server (for `bus.nats.managed: true`), the tiny model when
+`spec.model.create` asks for one, a run directory, restarts of a failed rollout (as the StatefulSet
+controller would), live progress and a clean stop.
+
+Run directory layout: job.yaml (the job as run), rendered.yaml (render's output), job.json (the config
+with local endpoints), pods.json (argv/env of every process), logs/<pod>.log, nats/ (JetStream store),
+steps.jsonl (trainer step log), progress.json (trainer progress report), metrics.jsonl (one record per
+poll, see `progress`), checkpoints/ (unless --keep-checkpoint-path), summary.json.
+
+Local deviations from the job as written, all deliberate: trainer.checkpoint.path moves into the run
+dir (so a new run starts fresh and re-running the same --run-dir resumes), --max-steps and
+--rollout-replicas override spec fields before rendering. Ctrl-C or SIGTERM stops every process group
+(SIGTERM, then SIGKILL after a grace period); children also die with the runner (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import pydantic
+import yaml
+from asyncrl_api import models
+
+from asyncrl_workloads.local import natsserver, pods, process, progress
+
+STOP_GRACE_S = 15.0
+ROLLOUT_RESTARTS = 3
+CONFIG_ERROR_EXIT = 2  # the entry points' "bad config" code: restarting cannot help
+LOCAL_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                      "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class JobFileError(ValueError):
+    """The job file cannot be read or does not validate; the message names the field."""
+
+
+@dataclasses.dataclass
+class Options:
+    job_file: pathlib.Path
+    run_dir: pathlib.Path | None = None
+    max_steps: int | None = None
+    rollout_replicas: int | None = None
+    timeout_s: float | None = None
+    poll_interval_s: float = 2.0
+    keep_checkpoint_path: bool = False
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def load_job(options: Options, run_dir: pathlib.Path) -> tuple[models.AsyncRLJob, dict[str, Any]]:
+    """Read, override (see module docstring) and validate the job; returns the model and the raw dict."""
+    try:
+        raw = yaml.safe_load(options.job_file.read_text())
+    except OSError as exc:
+        raise JobFileError(f"{options.job_file}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise JobFileError(f"{options.job_file}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("spec"), dict):
+        raise JobFileError(f"{options.job_file}: expected an AsyncRLJob with a spec")
+    raw.setdefault("metadata", {}).setdefault("namespace", "default")
+    if not options.keep_checkpoint_path:
+        _set(raw, ("spec", "trainer", "checkpoint", "path"), str((run_dir / "checkpoints").resolve()))
+    if options.max_steps is not None:
+        _set(raw, ("spec", "maxSteps"), options.max_steps)
+    if options.rollout_replicas is not None:
+        _set(raw, ("spec", "rollout", "replicas"), options.rollout_replicas)
+    try:
+        return models.AsyncRLJob.model_validate(raw), raw
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(job)'}: {e['msg']}" for e in exc.errors())
+        raise JobFileError(f"{options.job_file}: {problems}") from None
+
+
+def default_run_dir(job_file: pathlib.Path) -> pathlib.Path:
+    return pathlib.Path("runs") / f"{job_file.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class Supervisor:
+    """The job's local processes: started in role order, rollouts restarted, all stopped together."""
+
+    def __init__(self, local_pods: list[pods.LocalPod], base_env: dict[str, str], logs: pathlib.Path,
+                 say: Callable[[str], None]) -> None:
+        self.local_pods = local_pods
+        self.base_env = base_env
+        self.logs = logs
+        self.say = say
+        self.children: dict[str, process.Child] = {}
+        self.restarts: dict[str, int] = dict.fromkeys((p.name for p in local_pods), 0)
+
+    def start(self, pod: pods.LocalPod) -> None:
+        env = {**self.base_env, **pod.env}
+        self.children[pod.name] = process.Child(pod.name, pod.argv, self.logs / f"{pod.name}.log", env=env)
+
+    def start_all(self) -> None:
+        for pod in self.local_pods:
+            self.start(pod)
+
+    def check(self) -> tuple[str, str] | None:
+        """None while the job runs; ("done", why) when the trainer finished; ("failed", why) on failure."""
+        for pod in self.local_pods:
+            code = self.children[pod.name].poll()
+            if code is None:
+                continue
+            tail = process.log_tail(self.children[pod.name].log_path, 15)
+            if pod.role == "trainer":
+                if code == 0:
+                    return "done", f"{pod.name} finished"
+                return "failed", f"{pod.name} exited with code {code}; last log lines:\n{tail}"
+            if code == CONFIG_ERROR_EXIT or self.restarts[pod.name] >= ROLLOUT_RESTARTS:
+                return "failed", f"{pod.name} exited with code {code}; last log lines:\n{tail}"
+            self.restarts[pod.name] += 1
+            self.say(f"{pod.name} exited with code {code}; restarting "
+                     f"({self.restarts[pod.name]}/{ROLLOUT_RESTARTS})")
+            self.start(pod)
+        return None
+
+    def stop_all(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM every process group at once (rollouts first), SIGKILL what is left after `grace`."""
+        ordered = sorted(self.children.values(), key=lambda c: c.name.endswith("trainer-0"))
+        for child in ordered:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(
+            child.poll() is None or process.group_alive(child.pgid) for child in ordered
+        ):
+            time.sleep(0.1)
+        for child in ordered:
+            child.stop(grace=5.0)  # SIGKILLs survivors, reaps the leader
+
+
+class Terminal:
+    """Progress output: one rewritten line on a terminal, one line per poll otherwise."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self._open = False
+
+    def status(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+            self._open = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def say(self, text: str) -> None:
+        if self._open:
+            self.stream.write("\n")
+            self._open = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def run(options: Options, stream: TextIO = sys.stdout) -> int:
+    """Run the job until the trainer finishes, a process fails, the timeout passes, or a signal arrives."""
+    from asyncrl_operator import render  # the operator's renderer: what runs here is what it would create
+
+    from asyncrl_workloads import tinymodel
+
+    out = Terminal(stream)
+    run_dir = (options.run_dir or default_run_dir(options.job_file)).resolve()
+    job, raw = load_job(options, run_dir)  # before anything is written: a bad job leaves nothing behind
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = job.spec
+    (run_dir / "job.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    manifests = render.render(job)
+    (run_dir / "rendered.yaml").write_text(yaml.safe_dump_all(manifests, sort_keys=False))
+    out.say(f"asyncrl: running job {job.metadata.name!r} in {run_dir}")
+
+    model_dir = pathlib.Path(spec.model.path)
+    if spec.model.create is not None:
+        started = time.monotonic()
+        tinymodel.create_from_spec(model_dir, spec.model.create)
+        out.say(f"asyncrl: tiny model ready at {model_dir} ({time.monotonic() - started:.1f}s)")
+    elif not (model_dir / "config.json").is_file():
+        raise JobFileError(f"spec.model.path: no model at {model_dir} (config.json missing)")
+
+    stop = threading.Event()
+    reason = {"why": "stopped"}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        reason["why"] = signal.Signals(signum).name
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    nats = None
+    supervisor = None
+    outcome, detail = "stopped", ""
+    try:
+        if spec.bus.nats.managed:
+            nats = natsserver.start(store_dir=run_dir / "nats", log_path=run_dir / "logs" / "nats-server.log")
+            nats_url = nats.url
+        else:
+            nats_url = str(spec.bus.nats.url)
+        cfg = pods.localize_config(pods.job_json(manifests), nats_url, process.free_port(),
+                                   process.free_port(), process.free_port())
+        config_path = run_dir / "job.json"
+        config_path.write_text(cfg.model_dump_json(by_alias=True, exclude_none=True, indent=2))
+        local_pods = pods.expand(manifests, config_path, cfg, process.free_port)
+        (run_dir / "pods.json").write_text(pods.describe(local_pods))
+        base_env = {**LOCAL_ENV_DEFAULTS, **os.environ,
+                    "ASYNCRL_STEP_LOG": str(run_dir / "steps.jsonl"),
+                    "ASYNCRL_PROGRESS_FILE": str(run_dir / "progress.json")}
+        supervisor = Supervisor(local_pods, base_env, run_dir / "logs", out.say)
+        supervisor.start_all()
+        out.say(f"asyncrl: started {', '.join(p.name for p in local_pods)} (logs in {run_dir / 'logs'}); "
+                "Ctrl-C stops")
+        outcome, detail = _watch(options, spec.max_steps, supervisor, run_dir, stop, out)
+        if outcome == "stopped":
+            detail = reason["why"] if stop.is_set() else detail
+    finally:
+        if supervisor is not None:
+            out.say("asyncrl: stopping processes ...")
+            supervisor.stop_all()
+        if nats is not None:
+            nats.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    summary = {"outcome": outcome, "detail": detail, "runDir": str(run_dir)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    out.say(f"asyncrl: {outcome}: {detail}")
+    out.say(f"asyncrl: metrics in {run_dir / 'metrics.jsonl'}; curves: asyncrl plot {run_dir}")
+    if outcome == "failed":
+        return 1
+    if reason["why"] == "SIGINT":
+        return 130
+    return 0
+
+
+def _watch(options: Options, max_steps: int | None, supervisor: Supervisor, run_dir: pathlib.Path,
+           stop: threading.Event, out: Terminal) -> tuple[str, str]:
+    """Poll until an end condition; append one progress record per poll to metrics.jsonl."""
+    tracker = progress.Tracker(max_steps)
+    step_log = progress.StepLog(run_dir / "steps.jsonl")
+    started = time.monotonic()
+    result: tuple[str, str] | None = None
+    with (run_dir / "metrics.jsonl").open("a") as metrics_log:
+        while result is None:
+            stop.wait(options.poll_interval_s)
+            result = supervisor.check()
+            texts = {p.name: progress.scrape(p.metrics_port) for p in supervisor.local_pods}
+            entry = tracker.record(progress.aggregate(texts), step_log.read_new(), len(supervisor.local_pods))
+            metrics_log.write(json.dumps(entry) + "\n")
+            metrics_log.flush()
+            out.status(progress.line(entry))
+            if stop.is_set():
+                result = ("stopped", "signal")
+            elif options.timeout_s is not None and time.monotonic() - started > options.timeout_s:
+                result = ("stopped", f"--timeout {options.timeout_s:.0f}s reached")
+    return result

@@ -1,0 +1,306 @@
+"""The chart's RBAC is sufficient and minimal, proven on the real apiserver.
+
+Sufficient: the operator (the `asyncrl-operator` console script, as a local process) runs with a
+TokenRequest token of the chart's ServiceAccount -- no other credentials -- and reconciles
+examples/job.yaml end to end: every child applied, status written, pods scheduled onto kwok GPU nodes,
+and a failed rollout pod replaced (the `pods: delete` path); its log shows no Forbidden.
+Minimal: `kubectl auth can-i --as=system:serviceaccount:...` is yes for each verb of the rendered
+ClusterRole and no for Secrets, pods/exec, cluster-admin and other things the operator never does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from asyncrl_testing import cluster_wait
+
+pytestmark = pytest.mark.cluster
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "asyncrl-operator"
+RELEASE, RELEASE_NS = "arl-rbac", "arl-rbac-system"
+SA = f"{RELEASE}-asyncrl-operator"
+SUBJECT = f"system:serviceaccount:{RELEASE_NS}:{SA}"
+CRD = "asyncrljobs.asyncrl.dev"
+JOB = "math"
+
+
+def get(kubectl: Any, *args: str) -> Any:
+    return json.loads(kubectl("get", *args, "-o", "json").stdout)
+
+
+def can_i(kubectl: Any, verb: str, resource: str, *scope: str) -> str:
+    done = kubectl("auth", "can-i", verb, resource, "--as", SUBJECT, *scope, check=False)
+    return str(done.stdout.strip())
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def rbac_release(cluster: Any, helm: Any, kubectl: Any) -> Iterator[dict[str, Any]]:
+    """A release without the CRD (the CRD is cluster-wide: another release or crds/ provides it)."""
+    if not kubectl("get", "crd", CRD, "--ignore-not-found", "-o", "name").stdout.strip():
+        kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "asyncrl.dev_asyncrljobs.yaml"))
+        kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+    helm(
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        RELEASE_NS,
+        "--create-namespace",
+        "--wait",
+        "--set",
+        "crds.install=false",
+        "--set",
+        "dashboards.enabled=false",
+        timeout=180,
+    )
+    manifest = [d for d in yaml.safe_load_all(helm("get", "manifest", RELEASE, "-n", RELEASE_NS).stdout) if d]
+    (role,) = [d for d in manifest if d["kind"] == "ClusterRole"]
+    yield role
+    helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False, timeout=120)
+
+
+def token_kubeconfig(cluster: Any, kubectl: Any, path: pathlib.Path) -> pathlib.Path:
+    """A kubeconfig holding only a TokenRequest token of the chart's ServiceAccount."""
+    token = kubectl("create", "token", SA, "-n", RELEASE_NS, "--duration=1h").stdout.strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "operator",
+        "clusters": [
+            {
+                "name": "test",
+                "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki.ca_cert)},
+            }
+        ],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": "operator"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def operator_as_sa(
+    cluster: Any, kubectl: Any, rbac_release: dict[str, Any], tmp_path: pathlib.Path
+) -> Iterator[pathlib.Path]:
+    """The operator process authenticated only as the chart's ServiceAccount; yields its log path."""
+    kubeconfig = token_kubeconfig(cluster, kubectl, tmp_path / "sa.kubeconfig")
+    whoami = subprocess.run(
+        [str(cluster.bins.kubectl), "--kubeconfig", str(kubeconfig), "auth", "whoami", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == SUBJECT, whoami.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(KUBECONFIG=str(kubeconfig), HOME=str(tmp_path))
+    script = pathlib.Path(sys.executable).with_name("asyncrl-operator")
+    log = tmp_path / "operator.log"
+    live = free_port()
+    argv = [
+        str(script),
+        "--metrics-port",
+        str(free_port()),
+        "--liveness-port",
+        str(live),
+        "--resync-seconds",
+        "3",
+    ]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True
+        )
+    try:
+        cluster_wait.wait_until(
+            lambda: proc.poll() is None and healthy(live), bool, "the operator live", timeout=60
+        )
+        yield log
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def storage_for_example(kubectl: Any, namespace: str) -> None:
+    """The ReadWriteMany claim examples/job.yaml mounts, bound to a static PV so its pods schedule."""
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"rl-storage-{namespace}"},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Delete",
+            "hostPath": {"path": f"/tmp/{namespace}"},
+            "claimRef": {"namespace": namespace, "name": "rl-storage"},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "rl-storage", "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": pv["metadata"]["name"],
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [pv, pvc]}))
+
+
+def job_status(kubectl: Any, namespace: str) -> dict[str, Any]:
+    status: dict[str, Any] = get(kubectl, "asyncrljob", JOB, "-n", namespace).get("status") or {}
+    return status
+
+
+def test_operator_with_the_chart_token_reconciles_the_example_job(
+    kubectl: Any, namespace: str, operator_as_sa: pathlib.Path
+) -> None:
+    storage_for_example(kubectl, namespace)
+    kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "job.yaml"))
+    children = [
+        ("configmap", f"{JOB}-config"),
+        ("serviceaccount", f"{JOB}-trainer"),
+        ("role", f"{JOB}-trainer"),
+        ("rolebinding", f"{JOB}-trainer"),
+        ("networkpolicy", f"{JOB}-net"),
+        ("service", f"{JOB}-trainer"),
+        ("service", f"{JOB}-rollout"),
+        ("statefulset", f"{JOB}-trainer"),
+        ("statefulset", f"{JOB}-rollout"),
+        ("statefulset", f"{JOB}-nats"),
+    ]
+    cluster_wait.wait_until(
+        lambda: [
+            c
+            for c in children
+            if not kubectl("get", *c, "-n", namespace, "--ignore-not-found", "-o", "name").stdout.strip()
+        ],
+        lambda missing: not missing,
+        "every child of the example job",
+        timeout=90,
+    )
+    generation = get(kubectl, "asyncrljob", JOB, "-n", namespace)["metadata"]["generation"]
+    status = cluster_wait.wait_until(
+        lambda: job_status(kubectl, namespace),
+        lambda st: st.get("phase") == "Running" and st.get("observedGeneration") == generation,
+        "the example job Running (pods scheduled on kwok GPU nodes)",
+        timeout=120,
+    )
+    assert status["rollout"]["readyReplicas"] == 2 and status["trainer"]["readyReplicas"] == 1
+
+    # A failed rollout pod is replaced by the operator (pods: list + delete) and counted in status.
+    pod = get(kubectl, "pod", f"{JOB}-rollout-0", "-n", namespace)
+    kubectl(
+        "patch",
+        "pod",
+        f"{JOB}-rollout-0",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Failed", "reason": "Test"}}),
+    )
+    cluster_wait.wait_until(
+        lambda: get(kubectl, "pod", f"{JOB}-rollout-0", "-n", namespace, "--ignore-not-found").get(
+            "metadata", {}
+        ),
+        lambda meta: meta.get("uid") not in (None, pod["metadata"]["uid"]),
+        "the failed rollout pod replaced",
+        timeout=60,
+    )
+    cluster_wait.wait_until(
+        lambda: job_status(kubectl, namespace).get("restarts", {}).get("rollout", 0),
+        lambda n: n >= 1,
+        "status.restarts.rollout counted",
+        timeout=30,
+    )
+    log = operator_as_sa.read_text()
+    assert "Forbidden" not in log and " 403" not in log, log[-3000:]
+
+
+def rule_checks(role: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                base, _, sub = resource.partition("/")
+                name = f"{base}.{group}" if group else base
+                out += [(verb, f"{name}/{sub}" if sub else name) for verb in rule["verbs"]]
+    return out
+
+
+def test_can_i_yes_for_every_verb_the_operator_uses(
+    kubectl: Any, rbac_release: dict[str, Any], namespace: str
+) -> None:
+    checks = rule_checks(rbac_release)
+    assert len(checks) >= 20
+    denied = [(verb, res) for verb, res in checks if can_i(kubectl, verb, res, "-n", namespace) != "yes"]
+    assert not denied, f"{SUBJECT} lacks {denied}"
+    assert can_i(kubectl, "watch", f"{CRD}", "--all-namespaces") == "yes"
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "scope"),
+    [
+        ("get", "secrets", "-n default"),
+        ("list", "secrets", "--all-namespaces"),
+        ("watch", "secrets", "-n kube-system"),
+        ("create", "pods/exec", "-n default"),
+        ("create", "pods/attach", "-n default"),
+        ("create", "pods/portforward", "-n default"),
+        ("create", "pods", "-n default"),
+        ("*", "*", "--all-namespaces"),
+        ("create", "clusterroles", ""),
+        ("create", "clusterrolebindings", ""),
+        ("escalate", "roles", "-n default"),
+        ("bind", "roles", "-n default"),
+        ("impersonate", "serviceaccounts", "-n default"),
+        ("delete", "nodes", ""),
+        ("create", "customresourcedefinitions", ""),
+        ("delete", "namespaces", ""),
+        ("create", "deployments.apps", "-n default"),
+        ("delete", "configmaps", "-n default"),
+        ("delete", "statefulsets.apps", "-n default"),
+        ("deletecollection", "pods", "-n default"),
+        ("create", "serviceaccounts/token", "-n default"),
+        ("update", "asyncrljobs.asyncrl.dev", "-n default"),
+    ],
+)
+def test_can_i_no_for_what_the_operator_never_does(
+    kubectl: Any, rbac_release: dict[str, Any], verb: str, resource: str, scope: str
+) -> None:
+    assert can_i(kubectl, verb, resource, *scope.split()) == "no", f"{SUBJECT} may {verb} {resource} {scope}"

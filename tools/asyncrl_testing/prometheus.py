@@ -43,17 +43,26 @@ def find_binary() -> pathlib.Path:
     raise PrometheusError("prometheus not found: run tools/setup.sh (or apt-get install -y prometheus)")
 
 
-def render_config(targets: Targets) -> dict[str, Any]:
-    """A Prometheus config scraping `targets` ("host:port" list, or job name -> list) every second."""
+def render_config(targets: Targets, honor_labels: bool = False,
+                  rule_files: Sequence[str] = ()) -> dict[str, Any]:
+    """A Prometheus config scraping `targets` ("host:port" list, or job name -> list) every second.
+
+    `honor_labels` keeps the scraped series' own `job`/`namespace` labels (the AsyncRLJob's), as the
+    chart's ServiceMonitor/PodMonitor do; `rule_files` are evaluated every second (alerting rules).
+    """
     jobs = {"asyncrl": list(targets)} if not isinstance(targets, Mapping) else dict(targets)
-    return {
+    out: dict[str, Any] = {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
                    "evaluation_interval": SCRAPE_INTERVAL},
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(addresses)}]}
+            {"job_name": job, "static_configs": [{"targets": list(addresses)}],
+             **({"honor_labels": True} if honor_labels else {})}
             for job, addresses in jobs.items()
         ],
     }
+    if rule_files:
+        out["rule_files"] = list(rule_files)
+    return out
 
 
 class Prometheus:
@@ -124,12 +133,13 @@ class Prometheus:
         self.stop()
 
 
-def start(targets: Targets, timeout: float = READY_TIMEOUT_S, attempts: int = 3) -> Prometheus:
-    """Start Prometheus scraping `targets` on a free port; wait for /-/ready."""
+def start(targets: Targets, timeout: float = READY_TIMEOUT_S, attempts: int = 3, honor_labels: bool = False,
+          rule_files: Sequence[str] = ()) -> Prometheus:
+    """Start Prometheus scraping `targets` on a free port; wait for /-/ready (see `render_config`)."""
     binary = find_binary()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="asyncrl-prometheus-"))
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(render_config(targets)))
+    config.write_text(yaml.safe_dump(render_config(targets, honor_labels, rule_files)))
     last_error: Exception | None = None
     for attempt in range(attempts):
         port = process.free_port()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 from typing import Any
 
@@ -86,9 +87,16 @@ def test_helm_lint_is_clean(sets: list[str]) -> None:
     assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
 
 
+def without_crd(text: str) -> str:
+    """The rendered chart minus the CRD document and its checksum: the CRD is compared with crds/ by
+    the drift tests below, so regenerating the CRD does not churn these golden files."""
+    docs = [d for d in text.split("\n---\n") if "# Source: asyncrl-operator/templates/crd.yaml" not in d]
+    return re.sub(r"checksum/crd: [0-9a-f]{64}", "checksum/crd: <sha256 of the CRD>", "\n---\n".join(docs))
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_template_matches_golden(variant: str) -> None:
-    text = template_text(VARIANTS[variant])
+    text = without_crd(template_text(VARIANTS[variant]))
     golden = GOLDEN / f"{variant}.yaml"
     if os.environ.get("ASYNCRL_UPDATE_GOLDEN"):
         golden.write_text(text)

@@ -196,7 +196,7 @@ class Consumer:
         """Up to `max_msgs` messages; [] if none arrived within `timeout_s`."""
         try:
             msgs = await self._sub.fetch(max_msgs, timeout=timeout_s)
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either, depending on the path
             return []
         out = []
         for msg in msgs:

@@ -75,6 +75,10 @@ class FSDP2Backend(TrainerBackend):
         torch.manual_seed(settings.seed)
         self.settings = settings
         self.world = world
+        self.logprob_gap: dict[str, float] = {}
+        """Per sample of the last step (this rank's share): mean |log pi_trainer - log pi_engine| before
+        the update. For samples of the trainer's current version this is ~0 iff the rollout engine holds
+        exactly the trainer's weights (the loop logs it as fresh_logprob_gap)."""
         model = transformers.AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
         model.to(world.device)
         self.model = fsdp.shard(model, world)
@@ -123,12 +127,17 @@ class FSDP2Backend(TrainerBackend):
         updates = max(1, min(s.updates_per_step, len(batch)))
         chunks = [batch[i::updates] for i in range(updates)]  # every chunk mixes groups and replicas
         proximal: dict[str, torch.Tensor] = {}
+        by_id = {t.id: t for t in batch}
         if s.correction != "none":
             with torch.no_grad():
                 for chunk in chunks:
                     mine, _ = self._shard(chunk)
                     for t, row in zip(mine, self._response_logprobs(mine), strict=True):
                         proximal[t.id] = row[: len(t.response_ids)].cpu()
+            self.logprob_gap = {  # this rank's samples: mean |trainer - engine| logprob per sample
+                tid: float((lp - torch.tensor(by_id[tid].behaviour_logprobs)).abs().mean())
+                for tid, lp in proximal.items()
+            }
         totals: dict[str, float] = {}
         for chunk in chunks:
             mine, real = self._shard(chunk)

@@ -143,6 +143,7 @@ class Leader:
             trajs = [t.trajectory for t in taken]
             await self._bcast(("batch", trajs))
             step_metrics = await asyncio.to_thread(self.backend.step, trajs)
+            step_metrics.update(self._fresh_gap(taken, state.version))
             state.step += 1
             state.step_time = time.time()
             self.intake.ledger.record_step(state.step, state.version, [t.id for t in trajs])
@@ -172,6 +173,16 @@ class Leader:
         await self._bcast(("stop", None))
         await self._refresh_queue()
         self._report(state, {}, force=True)
+
+    def _fresh_gap(self, taken: list[inbox.Taken], version: int) -> dict[str, float]:
+        """Logprob gap between trainer and engine on samples generated entirely by the current version."""
+        gaps = getattr(self.backend, "logprob_gap", {})
+        fresh = [
+            gaps[t.trajectory.id]
+            for t in taken
+            if t.trajectory.id in gaps and set(t.trajectory.versions) == {version}
+        ]
+        return {"fresh_logprob_gap": max(fresh), "fresh_samples": float(len(fresh))} if fresh else {}
 
     def _save(self, state: State) -> None:
         assert self.checkpointer is not None

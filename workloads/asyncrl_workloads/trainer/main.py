@@ -162,11 +162,8 @@ def _prepare_paths(cfg: config_mod.JobConfig) -> None:
     if spec.model.create is not None and not (model / "config.json").is_file():
         from asyncrl_workloads import tinymodel
 
-        c = spec.model.create
         try:
-            tinymodel.create_tiny_model(
-                model, seed=c.seed, num_layers=c.layers, hidden_size=c.hidden, num_heads=c.heads
-            )
+            tinymodel.create_from_spec(model, spec.model.create)
         except (tinymodel.TinyModelError, OSError) as exc:
             raise StartupError(f"spec.model.create: {exc}") from exc
     try:

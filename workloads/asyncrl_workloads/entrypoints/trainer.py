@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import pathlib
+import socket
 import sys
+import urllib.parse
 
 import pydantic
 from asyncrl_api import config as config_mod
@@ -20,6 +23,16 @@ from asyncrl_api import config as config_mod
 def _fail(code: int, message: str) -> int:
     print(f"asyncrl-trainer: {message}", file=sys.stderr)
     return code
+
+
+def _reachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """None if a TCP connection to the NATS URL's host:port succeeds, else why not."""
+    parsed = urllib.parse.urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "", parsed.port or 4222), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     model = pathlib.Path(cfg.spec.model.path)
     if not (model / "config.json").is_file() and cfg.spec.model.create is None:
         return _fail(2, f"spec.model.path: no model at {model} (config.json missing)")
+    if os.environ.get("RANK", "0") == "0":  # only rank 0 talks to NATS; fail before loading torch
+        why = _reachable(cfg.endpoints.nats_url)
+        if why is not None:
+            return _fail(1, f"endpoints.natsUrl: cannot reach NATS at {cfg.endpoints.nats_url}: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(name)s: %(message)s")
     from asyncrl_workloads.trainer import main as trainer_main  # heavy: torch, transformers
 

@@ -72,6 +72,8 @@ class FSDP2Backend(TrainerBackend):
     def __init__(self, settings: TrainSettings, world: fsdp.World) -> None:
         import transformers  # heavy; imported only when a backend is built
 
+        transformers.utils.logging.disable_progress_bar()  # keep the pod log to log lines
+
         torch.manual_seed(settings.seed)
         self.settings = settings
         self.world = world

@@ -60,7 +60,15 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
 
 
 def stream_settings(cfg: config_mod.JobConfig) -> jetstream.StreamSettings:
-    queue = cfg.spec.async_.queue
+    spec = cfg.spec
+    queue = spec.async_.queue
+    step_samples = spec.trainer.batch.prompts * spec.async_.require_batches * spec.rollout.sampling.n
+    if queue.when_full == "block" and queue.max_size < step_samples:
+        # the trainer holds a step's samples unacked until the step is done; they count against maxSize
+        raise StartupError(
+            f"spec.async.queue.maxSize: {queue.max_size} is below one step's samples ({step_samples} = "
+            "batch.prompts x requireBatches x sampling.n); with whenFull block the bus would deadlock"
+        )
     return jetstream.StreamSettings(
         cfg.namespace, cfg.name, max_size=queue.max_size, when_full=queue.when_full
     )

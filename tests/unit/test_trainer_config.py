@@ -1,0 +1,133 @@
+"""The trainer's command refuses bad configs in one line, before loading torch; config -> settings mapping."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from asyncrl_api import config
+from asyncrl_testing import jobs
+from asyncrl_workloads.entrypoints import trainer as entry
+
+
+def write(tmp_path, model_path, nats_url="nats://127.0.0.1:4222", **spec_patch):
+    spec = jobs.deep_merge(jobs.BASE_SPEC, {"model": {"path": str(model_path)}, **spec_patch})
+    cfg = config.JobConfig(
+        name="j",
+        namespace="ns",
+        spec=spec,
+        endpoints=config.Endpoints(nats_url=nats_url, trainer_host="127.0.0.1", weight_sync_port=29600),
+    )
+    path = tmp_path / "job.json"
+    path.write_text(config.dumps(cfg))
+    return path
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nothing listens once the socket closes
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_missing_config_file(tmp_path, capsys):
+    assert entry.main(["--config", str(tmp_path / "nope.json")]) == 2
+    assert one_line(capsys).startswith(f"asyncrl-trainer: --config: cannot read {tmp_path / 'nope.json'}")
+
+
+def test_an_invalid_field_is_named(tmp_path, capsys):
+    path = write(tmp_path, tmp_path)
+    body = json.loads(path.read_text())
+    body["spec"]["async"]["maxStaleness"] = -1
+    path.write_text(json.dumps(body))
+    assert entry.main(["--config", str(path)]) == 2
+    assert "spec.async.maxStaleness" in one_line(capsys)
+
+
+def test_a_missing_model(tmp_path, capsys):
+    assert entry.main(["--config", str(write(tmp_path, tmp_path / "no-model"))]) == 2
+    assert (
+        one_line(capsys)
+        == f"asyncrl-trainer: spec.model.path: no model at {tmp_path / 'no-model'} (config.json missing)"
+    )
+
+
+def test_unreachable_nats_fails_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    url = f"nats://127.0.0.1:{closed_port()}"
+    path = write(
+        tmp_path, tmp_path / "model", nats_url=url, trainer={"checkpoint": {"path": str(tmp_path / "ckpt")}}
+    )
+    assert entry.main(["--config", str(path)]) == 1
+    assert one_line(capsys).startswith(f"asyncrl-trainer: endpoints.natsUrl: cannot reach NATS at {url}: ")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_settings_follow_the_spec_and_refuse_a_kl_term(tmp_path):
+    from asyncrl_workloads.trainer import main
+
+    cfg = config.load(
+        write(
+            tmp_path,
+            tmp_path,
+            trainer={
+                "algorithm": {
+                    "name": "ppo",
+                    "correction": "tis",
+                    "clipLow": 0.1,
+                    "clipHigh": 0.3,
+                    "isCap": 3.0,
+                },
+                "batch": {"prompts": 8, "miniBatches": 4},
+            },
+            **{"async": {"requireBatches": 2}},
+        )
+    )
+    s = main.train_settings(cfg)
+    assert (s.algorithm, s.correction, s.clip.clip_low, s.clip.clip_high, s.clip.is_cap) == (
+        "ppo",
+        "tis",
+        0.1,
+        0.3,
+        3.0,
+    )
+    assert s.updates_per_step == 8
+    cfg.spec.trainer.algorithm.kl = 0.1
+    with pytest.raises(main.StartupError, match="^spec.trainer.algorithm.kl"):
+        main.train_settings(cfg)
+
+
+def test_the_megatron_backend_says_why_it_is_missing():
+    from asyncrl_workloads.trainer import backend
+
+    assert set(backend.BACKENDS) == {"fsdp2", "megatron"}
+    with pytest.raises(NotImplementedError, match="backend: megatron is not implemented yet"):
+        backend.BACKENDS["megatron"](backend.TrainSettings(model_path="/nowhere"), None)  # type: ignore[arg-type]
+
+
+def test_a_blocking_queue_smaller_than_one_step_is_refused(tmp_path):
+    from asyncrl_workloads.trainer import main
+
+    cfg = config.load(
+        write(
+            tmp_path,
+            tmp_path,
+            trainer={"batch": {"prompts": 8, "miniBatches": 1}},
+            rollout={"sampling": {"n": 4}},
+            **{"async": {"queue": {"maxSize": 31, "whenFull": "block"}}},
+        )
+    )
+    with pytest.raises(
+        main.StartupError, match=r"^spec.async.queue.maxSize: 31 is below one step's samples \(32"
+    ):
+        main.stream_settings(cfg)
+    cfg.spec.async_.queue.max_size = 32
+    assert main.stream_settings(cfg).max_size == 32

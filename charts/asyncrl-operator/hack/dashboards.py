@@ -136,15 +136,9 @@ def job_dashboard() -> dict[str, Any]:
         panel(
             "Reward",
             "timeseries",
-            [
-                (
-                    f"sum(rate(asyncrl_reward_sum{{{JOB}}}[{RI}]))"
-                    f" / sum(rate(asyncrl_reward_count{{{JOB}}}[{RI}]))",
-                    "mean",
-                ),
-                *quantiles("asyncrl_reward", JOB)[:2],
-            ],
-            description="Reward of the trajectories the rollouts produced (asyncrl_reward histogram).",
+            [*quantiles("asyncrl_reward", JOB)],
+            description="Reward of the trajectories the rollouts produced (asyncrl_reward histogram). "
+            "Quantiles, not a mean: its buckets start below 0, and prometheus_client then exports no _sum.",
         ),
         row("Trajectory queue"),
         panel(
@@ -374,12 +368,12 @@ def fleet_dashboard() -> dict[str, Any]:
             unit="percentunit",
         ),
         panel(
-            "Mean reward by job",
+            "Median reward by job",
             "timeseries",
             [
                 (
-                    f"sum by ({by}) (rate(asyncrl_reward_sum{{{FLEET}}}[{RI}])) / "
-                    f"sum by ({by}) (rate(asyncrl_reward_count{{{FLEET}}}[{RI}]))",
+                    f"histogram_quantile(0.5, "
+                    f"sum by ({by}, le) (rate(asyncrl_reward_bucket{{{FLEET}}}[{RI}])))",
                     "{{namespace}}/{{job}}",
                 )
             ],

@@ -128,41 +128,52 @@ def test_invalid_job_names_the_field_and_writes_nothing(tmp_path):
 
 # --- progress records and plots -----------------------------------------------------------------------
 
-def _exposition(produced, consumed, tokens, rewards, step, depth):
+def _exposition(produced, consumed, tokens, rewards, step, depth, buckets=(0.25, 0.5, 1.0)):
     registry = prometheus_client.CollectorRegistry()
     labels = ("namespace", "job", "role", "replica")
     values = ("default", "tiny", "trainer", "0")
-    prometheus_client.Counter("asyncrl_trajectories_produced", "", labels, registry=registry).labels(
-        *values).inc(produced)
-    prometheus_client.Counter("asyncrl_trajectories_consumed", "", labels, registry=registry).labels(
-        *values).inc(consumed)
-    prometheus_client.Counter("asyncrl_tokens_generated", "", labels, registry=registry).labels(
-        *values).inc(tokens)
-    histogram = prometheus_client.Histogram("asyncrl_reward", "", labels, registry=registry).labels(*values)
+
+    def metric(kind, name, **kw):
+        return kind(name, "", labels, registry=registry, **kw).labels(*values)
+
+    metric(prometheus_client.Counter, "asyncrl_trajectories_produced").inc(produced)
+    metric(prometheus_client.Counter, "asyncrl_trajectories_consumed").inc(consumed)
+    metric(prometheus_client.Counter, "asyncrl_tokens_generated").inc(tokens)
+    histogram = metric(prometheus_client.Histogram, "asyncrl_reward", buckets=buckets)
     for reward in rewards:
         histogram.observe(reward)
-    prometheus_client.Gauge("asyncrl_trainer_step", "", labels, registry=registry).labels(*values).set(step)
-    prometheus_client.Gauge("asyncrl_queue_depth", "", labels, registry=registry).labels(*values).set(depth)
+    metric(prometheus_client.Gauge, "asyncrl_trainer_step").set(step)
+    metric(prometheus_client.Gauge, "asyncrl_queue_depth").set(depth)
     return prometheus_client.generate_latest(registry).decode()
 
 
 def test_tracker_turns_counters_into_rates_and_reads_reward_and_staleness_from_steps():
-    clock = iter([100.0, 102.0, 106.0])
+    clock = iter([100.0, 102.0, 106.0, 108.0, 110.0])
     tracker = progress.Tracker(max_steps=10, clock=lambda: next(clock))
-    first = tracker.record(progress.aggregate({"a": _exposition(10, 8, 80, [0.0, 1.0], 1, 4), "b": None}),
-                           [{"step": 1, "reward_mean": 0.25, "staleness": [0, 1, 1]}], processes=2)
+    first = tracker.record({"a": _exposition(10, 8, 80, [0.0, 1.0], 1, 4), "b": None},
+                           [{"step": 1, "reward_mean": 0.25, "staleness": [0, 1, 1]}])
     assert (first["step"], first["produced"], first["consumed"], first["queueDepth"]) == (1, 10, 8, 4)
     assert first["samplesPerSecond"] == 4.0 and first["tokensPerSecond"] == 40.0
     assert first["reward"] == 0.25 and first["rolloutReward"] == 0.5
     assert first["stalenessMean"] == pytest.approx(2 / 3) and first["stalenessMax"] == 1
     assert first["processesUp"] == 1 and first["processes"] == 2
-    # counters are cumulative: two more rewards of 1.0 since the last poll
-    second = tracker.record(progress.aggregate({"a": _exposition(30, 24, 80, [0.0, 1.0, 1.0, 1.0], 3, 6)}),
-                            [], processes=2)
+    # counters are cumulative: 16 more consumed in 4 s, two more rewards of 1.0
+    second = tracker.record({"a": _exposition(30, 24, 80, [0.0, 1.0, 1.0, 1.0], 3, 6), "b": None}, [])
     assert second["samplesPerSecond"] == 4.0 and second["tokensPerSecond"] == 0.0
     assert second["reward"] == 0.25  # no new step: the last known batch reward is carried
     assert second["rolloutReward"] == 1.0 and second["stalenessMean"] is None
     assert "step 3/10" in progress.line(second) and "queue 6" in progress.line(second)
+    gone = tracker.record({"a": None, "b": None}, [])  # the trainer finished and exited
+    assert (gone["step"], gone["consumed"], gone["processesUp"]) == (3, 24, 0)  # nothing goes backwards
+    restarted = tracker.record({"a": _exposition(5, 0, 0, [], 0, 0), "b": None}, [])
+    assert restarted["produced"] == 35 and restarted["consumed"] == 24  # a counter reset adds, never drops
+
+
+def test_rollout_reward_is_unknown_when_the_histogram_has_no_sum():
+    # prometheus_client omits _sum when a bucket bound is negative; a mean of 0.0 would be a lie
+    tracker = progress.Tracker(max_steps=None, clock=iter([0.0, 1.0]).__next__)
+    entry = tracker.record({"a": _exposition(2, 0, 9, [0.5, 1.0], 0, 0, buckets=(-1.0, 0.0, 1.0))}, [])
+    assert entry["rolloutReward"] is None and entry["produced"] == 2
 
 
 def test_step_log_returns_only_complete_new_lines(tmp_path):

@@ -39,8 +39,14 @@ def read_records(run_dir: pathlib.Path) -> list[dict[str, Any]]:
     return records
 
 
+# Fields computed from the trainer's new steps of a poll; other polls only carry them forward.
+STEP_FIELDS = ("reward", "stalenessMean", "stalenessMax")
+
+
 def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
-    points = [(r[x], r[y]) for r in records if r.get(x) is not None and r.get(y) is not None]
+    """(xs, ys) of the records that have both fields (step fields only where the poll saw new steps)."""
+    points = [(r[x], r[y]) for r in records if r.get(x) is not None and r.get(y) is not None
+              and (y not in STEP_FIELDS or r.get("stepsThisPoll", 1) > 0)]
     return [p[0] for p in points], [p[1] for p in points]
 
 

@@ -6,17 +6,18 @@ Called by `runner` every poll interval; `plot` reads the records back. Sources:
   generated, the reward histogram (rollouts), queue depth, trainer step and param versions;
 - the trainer's step log (ASYNCRL_STEP_LOG, one JSON object per optimizer step, written by
   trainer/loop.py): the batch's mean reward and every consumed sample's staleness.
-Rates are deltas between two polls divided by the wall time between them.
+Rates are counter increases over a sliding window (10 s) divided by its length; counters of a
+process that restarted or exited are carried (`Counters`), so totals never go backwards.
 """
 
 from __future__ import annotations
 
+import collections
 import json
-import math
 import pathlib
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import parser
@@ -39,29 +40,50 @@ def scrape(port: int, timeout: float = 1.0) -> str | None:
         return None
 
 
-def aggregate(texts: Mapping[str, str | None]) -> dict[str, float]:
-    """pod name -> exposition text  =>  flat totals (see SUMMED) plus max/min of the gauges."""
-    totals: dict[str, float] = dict.fromkeys(SUMMED, 0.0)
-    out: dict[str, float] = {}
-    for text in texts.values():
-        if not text:
-            continue
-        for family in parser.text_string_to_metric_families(text):
-            for sample in family.samples:
-                name, labels, value = sample.name, sample.labels, float(sample.value)
-                if name in totals:
-                    totals[name] += value
-                elif name == "asyncrl_trainer_step":
-                    out["step"] = max(out.get("step", 0.0), value)
-                elif name == "asyncrl_queue_depth":
-                    out["queueDepth"] = max(out.get("queueDepth", 0.0), value)
-                elif name == "asyncrl_param_version" and labels.get("role") == "trainer":
-                    out["paramVersion"] = max(out.get("paramVersion", 0.0), value)
-                elif name == "asyncrl_param_version" and labels.get("role") == "rollout":
-                    out["rolloutVersionMin"] = min(out.get("rolloutVersionMin", math.inf), value)
-    out.update(totals)
-    out["processesUp"] = float(sum(1 for text in texts.values() if text))
-    return out
+def parse(text: str) -> tuple[dict[str, float], dict[str, float]]:
+    """One process's exposition text => (its SUMMED samples, its gauges: step, queueDepth, versions)."""
+    sums: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    for family in parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, float(sample.value)
+            if name in SUMMED:
+                sums[name] = sums.get(name, 0.0) + value
+            elif name == "asyncrl_trainer_step":
+                gauges["step"] = max(gauges.get("step", 0.0), value)
+            elif name == "asyncrl_queue_depth":
+                gauges["queueDepth"] = max(gauges.get("queueDepth", 0.0), value)
+            elif name == "asyncrl_param_version":
+                key = "paramVersion" if labels.get("role") == "trainer" else "rolloutVersionMin"
+                pick = max if key == "paramVersion" else min
+                gauges[key] = pick(gauges.get(key, value), value)
+    return sums, gauges
+
+
+class Counters:
+    """Run-wide counter totals that survive processes restarting or exiting.
+
+    A restarted process starts its counters at zero again: the drop is added to an offset (what
+    Prometheus' rate() does with counter resets). A process that is down keeps its last values.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], float] = {}
+        self._offset: dict[tuple[str, str], float] = {}
+
+    def update(self, pod: str, sums: Mapping[str, float]) -> None:
+        for name, value in sums.items():
+            key = (pod, name)
+            last = self._last.get(key)
+            if last is not None and value < last:
+                self._offset[key] = self._offset.get(key, 0.0) + last
+            self._last[key] = value
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (pod, name), value in self._last.items():
+            out[name] = out.get(name, 0.0) + value + self._offset.get((pod, name), 0.0)
+        return out
 
 
 class StepLog:
@@ -91,53 +113,77 @@ def _mean(values: Iterable[float]) -> float | None:
 
 
 class Tracker:
-    """Keeps the previous poll to turn counters into rates; `record()` makes one metrics.jsonl entry."""
+    """Turns polls into metrics.jsonl records: counters into rates over the last `window_s` seconds,
+    gauges from the processes that answered, reward and staleness from the new trainer steps."""
 
-    def __init__(self, max_steps: int | None, clock: Any = time.time) -> None:
+    def __init__(self, max_steps: int | None, clock: Callable[[], float] = time.time,
+                 window_s: float = 10.0) -> None:
         self.max_steps = max_steps
         self.clock = clock
+        self.window_s = window_s
         self.started = clock()
-        self._previous: tuple[float, dict[str, float]] | None = None
+        self.counters = Counters()
+        self._history: collections.deque[tuple[float, dict[str, float]]] = collections.deque()
         self.last_reward: float | None = None
+        self.last_step = 0  # carried while the trainer is down (restarting, or finished and gone)
+        self.last_version: int | None = None
 
-    def record(self, totals: dict[str, float], steps: list[dict[str, Any]], processes: int) -> dict[str, Any]:
+    def record(self, texts: Mapping[str, str | None], steps: list[dict[str, Any]]) -> dict[str, Any]:
+        """`texts`: pod -> its /metrics text (None when it did not answer); `steps`: new step-log rows."""
         now = self.clock()
-        previous_time, previous = self._previous or (self.started, dict.fromkeys(SUMMED, 0.0))
-        elapsed = max(now - previous_time, 1e-9)
+        gauges: dict[str, float] = {}
+        for pod, text in texts.items():
+            if not text:
+                continue
+            sums, pod_gauges = parse(text)
+            self.counters.update(pod, sums)
+            for key, value in pod_gauges.items():
+                pick = min if key == "rolloutVersionMin" else max
+                gauges[key] = pick(gauges.get(key, value), value)
+        totals = self.counters.totals()
+        while self._history and now - self._history[0][0] > self.window_s:
+            self._history.popleft()
+        base_time, base = self._history[0] if self._history else (self.started, {})
+        span = max(now - base_time, 1e-9)
+        self._history.append((now, totals))
 
-        def delta(name: str) -> float:
-            return max(totals.get(name, 0.0) - previous.get(name, 0.0), 0.0)
+        def rate(name: str) -> float:
+            return max(totals.get(name, 0.0) - base.get(name, 0.0), 0.0) / span
 
         rewards = [float(s["reward_mean"]) for s in steps if s.get("reward_mean") is not None]
         if rewards:
             self.last_reward = rewards[-1]
         staleness = [float(v) for s in steps for v in s.get("staleness", [])]
-        window_count = delta("asyncrl_reward_count")
-        entry: dict[str, Any] = {
+        seen = [gauges.get("step", 0.0)] + [float(s["step"]) for s in steps]
+        self.last_step = int(max([self.last_step, *seen]))
+        if "paramVersion" in gauges:
+            self.last_version = max(self.last_version or 0, int(gauges["paramVersion"]))
+        window_count = rate("asyncrl_reward_count")
+        # prometheus_client leaves out a histogram's _sum when a bucket bound is negative: no mean then
+        rollout_reward = (rate("asyncrl_reward_sum") / window_count
+                          if window_count and "asyncrl_reward_sum" in totals else None)
+        return {
             "time": now,
             "elapsed": round(now - self.started, 3),
-            "step": int(max([totals.get("step", 0.0)] + [float(s["step"]) for s in steps])),
+            "step": self.last_step,
             "maxSteps": self.max_steps,
-            "paramVersion": int(totals["paramVersion"]) if "paramVersion" in totals else None,
-            "rolloutVersionMin": (int(totals["rolloutVersionMin"])
-                                  if math.isfinite(totals.get("rolloutVersionMin", math.inf)) else None),
+            "paramVersion": self.last_version,
+            "rolloutVersionMin": int(gauges["rolloutVersionMin"]) if "rolloutVersionMin" in gauges else None,
             "reward": _mean(rewards) if rewards else self.last_reward,
-            "rolloutReward": delta("asyncrl_reward_sum") / window_count if window_count else None,
+            "rolloutReward": rollout_reward,
             "stalenessMean": _mean(staleness),
             "stalenessMax": max(staleness) if staleness else None,
-            "queueDepth": int(totals["queueDepth"]) if "queueDepth" in totals else None,
-            "samplesPerSecond": round(delta("asyncrl_trajectories_consumed_total") / elapsed, 4),
-            "producedPerSecond": round(delta("asyncrl_trajectories_produced_total") / elapsed, 4),
-            "tokensPerSecond": round(delta("asyncrl_tokens_generated_total") / elapsed, 2),
+            "queueDepth": int(gauges["queueDepth"]) if "queueDepth" in gauges else None,
+            "samplesPerSecond": round(rate("asyncrl_trajectories_consumed_total"), 4),
+            "producedPerSecond": round(rate("asyncrl_trajectories_produced_total"), 4),
+            "tokensPerSecond": round(rate("asyncrl_tokens_generated_total"), 2),
             "produced": int(totals.get("asyncrl_trajectories_produced_total", 0.0)),
             "consumed": int(totals.get("asyncrl_trajectories_consumed_total", 0.0)),
             "dropped": int(totals.get("asyncrl_trajectories_dropped_total", 0.0)),
             "stepsThisPoll": len(steps),
-            "processesUp": int(totals.get("processesUp", 0.0)),
-            "processes": processes,
+            "processesUp": sum(1 for text in texts.values() if text),
+            "processes": len(texts),
         }
-        self._previous = (now, dict(totals))
-        return entry
 
 
 def _fmt(value: float | None, spec: str) -> str:

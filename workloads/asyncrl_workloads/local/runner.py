@@ -258,7 +258,7 @@ def _watch(options: Options, max_steps: int | None, supervisor: Supervisor, run_
             stop.wait(options.poll_interval_s)
             result = supervisor.check()
             texts = {p.name: progress.scrape(p.metrics_port) for p in supervisor.local_pods}
-            entry = tracker.record(progress.aggregate(texts), step_log.read_new(), len(supervisor.local_pods))
+            entry = tracker.record(texts, step_log.read_new())
             metrics_log.write(json.dumps(entry) + "\n")
             metrics_log.flush()
             out.status(progress.line(entry))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import json
+import struct
 
 import pytest
 from asyncrl_workloads.bus import codec, subjects, trajectory
@@ -47,27 +47,46 @@ def test_partial_rollout_versions_give_the_oldest_version():
     assert make(versions=[3, 3, 5]).oldest_version == 3
 
 
+def _split(data: bytes) -> tuple[bytes, dict, bytes]:
+    head_len = struct.unpack_from("<I", data, 4)[0]
+    return data[:4], json.loads(data[8 : 8 + head_len]), data[8 + head_len :]
+
+
+def _join(prefix: bytes, header: dict, body: bytes) -> bytes:
+    head = json.dumps(header).encode()
+    return prefix[:4] + struct.pack("<I", len(head)) + head + body
+
+
 def test_an_unknown_wire_version_is_rejected():
-    body = json.loads(codec.encode_trajectory(make()))
-    body["v"] = 2
+    data = bytearray(codec.encode_trajectory(make()))
+    data[3] = 2
     with pytest.raises(codec.CodecError, match="^v: unsupported wire version 2"):
-        codec.decode_trajectory(json.dumps(body).encode())
+        codec.decode_trajectory(bytes(data))
 
 
 def test_misaligned_arrays_name_the_field():
-    body = json.loads(codec.encode_trajectory(make()))
-    body["arrays"]["versions"] = base64.b64encode(b"\x01\x00\x00\x00").decode()
+    prefix, header, body = _split(codec.encode_trajectory(make()))
+    header["lengths"]["versions"] = 1
+    with pytest.raises(codec.CodecError, match="trailing bytes"):
+        codec.decode_trajectory(_join(prefix, header, body))
+    header["lengths"]["versions"] = 1
+    header["lengths"]["mask"] = 11  # consumes the 8 bytes the shorter versions left: aligned, wrong lengths
     with pytest.raises(codec.CodecError, match=r"^versions: length 1 != len\(response_ids\) 3"):
-        codec.decode_trajectory(json.dumps(body).encode())
+        codec.decode_trajectory(_join(prefix, header, body))
+    header["lengths"]["mask"] = 1000
+    with pytest.raises(codec.CodecError, match="^mask: 1000 elements do not fit"):
+        codec.decode_trajectory(_join(prefix, header, body))
 
 
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        (b"\xff\xfe", "not a JSON bus message"),
-        (b"[1, 2]", "must be a JSON object"),
-        (b'{"v": 1, "kind": "weights"}', "kind: expected 'trajectory'"),
-        (b'{"v": 1, "kind": "trajectory"}', "id: missing"),
+        (b"\xff\xfe", "too short"),
+        (b'{"v": 1, "kind": "trajectory", "id": "x"}', "bad magic"),
+        (b"ARL\x01\x03\x00\x00\x00[1]", "header: must be a JSON object"),
+        (b"ARL\x01\x02\x00\x00\x00\xff\xfe", "header: not JSON"),
+        (codec.encode_announcement(1, 1, 0.0), "kind: expected 'trajectory'"),
+        (b'ARL\x01\x16\x00\x00\x00{"kind": "trajectory"}', "id: missing"),
     ],
 )
 def test_garbage_is_a_codec_error(data, match):

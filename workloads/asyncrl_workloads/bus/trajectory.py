@@ -72,13 +72,14 @@ def validate(traj: Trajectory) -> None:
     for name in ("behaviour_logprobs", "versions", "mask"):
         if len(getattr(traj, name)) != n:
             raise InvalidTrajectory(f"{name}: length {len(getattr(traj, name))} != len(response_ids) {n}")
-    if any(v < 0 for v in traj.versions):
+    # builtins (C loops) rather than generator expressions: this runs for every message on the bus
+    if min(traj.versions) < 0:
         raise InvalidTrajectory("versions: policy versions must be >= 0")
-    if any(m not in (0, 1) for m in traj.mask):
+    if min(traj.mask) < 0 or max(traj.mask) > 1:
         raise InvalidTrajectory("mask: entries must be 0 or 1")
-    if not any(traj.mask):
+    if max(traj.mask) == 0:
         raise InvalidTrajectory("mask: no trainable token")
-    if any(not math.isfinite(lp) or lp > 1e-4 for lp in traj.behaviour_logprobs):
+    if max(traj.behaviour_logprobs) > 1e-4 or not math.isfinite(sum(traj.behaviour_logprobs)):
         raise InvalidTrajectory("behaviour_logprobs: must be finite log-probabilities (<= 0)")
     if not math.isfinite(traj.reward):
         raise InvalidTrajectory("reward: must be finite")

@@ -1,0 +1,139 @@
+"""Bus benchmark P4 (a script, not a test): trajectories/s through asyncrl's bus vs raw nats-py.
+
+    .venv/bin/python tools/asyncrl_testing/bench_bus.py --count 4000 --response-tokens 512
+
+Both sides run against the same real nats-server and the same stream configuration (work queue, file
+storage, max_msgs above the count so nothing is discarded), one publisher then one consumer:
+
+- raw: `js.publish(subject, payload)` of pre-encoded bytes, then pull `fetch(256)` + `ack()` each;
+- asyncrl: `jetstream.Publisher.publish(trajectory)` (encode + Nats-Msg-Id dedup header), then
+  `jetstream.Consumer.fetch(256)` (decode + validate) + `ack()`.
+
+The payload bytes are identical (the raw side sends what the codec produced). Reports publish+consume
+throughput of each (median over rounds) and the median of the paired per-round ratios asyncrl / raw
+(goal >= 0.8), as one JSON line and a Markdown row, with the 1-minute load average: on a shared, loaded
+machine the per-message CPU cost of asyncrl (encode, validate, decode) weighs more than on an idle one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("workloads", "operator")]
+
+import nats  # noqa: E402
+from asyncrl_workloads.bus import codec, jetstream, trajectory  # noqa: E402
+from asyncrl_workloads.local import natsserver  # noqa: E402
+
+
+def make(i: int, prompt_tokens: int, response_tokens: int) -> trajectory.Trajectory:
+    rng = random.Random(i)
+    return trajectory.Trajectory(
+        id=trajectory.trajectory_id("bench", 0, str(i // 8), i % 8), job="bench", replica=0,
+        group_id=f"bench:{i // 8}", group_size=8, sample_index=i % 8,
+        prompt_ids=[rng.randrange(32000) for _ in range(prompt_tokens)],
+        response_ids=[rng.randrange(32000) for _ in range(response_tokens)],
+        behaviour_logprobs=[-rng.random() * 5 for _ in range(response_tokens)],
+        versions=[3] * response_tokens, mask=[1] * response_tokens, reward=rng.random(),
+        created_at=time.time(),
+    )  # fmt: skip
+
+
+async def _drain(fetch, ack_all, count: int) -> None:
+    got = 0
+    while got < count:
+        batch = await fetch()
+        await ack_all(batch)
+        got += len(batch)
+
+
+async def run_raw(url: str, payloads: list[bytes], job: str) -> float:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    settings = jetstream.StreamSettings("bench", job, max_size=len(payloads) * 2)
+    await jetstream.ensure_stream(js, settings)
+    sub = await js.pull_subscribe(settings.subject, durable="raw", stream=settings.stream)
+    t0 = time.perf_counter()
+    for data in payloads:
+        await js.publish(settings.subject, data)
+
+    async def ack_all(msgs):
+        for m in msgs:
+            await m.ack()
+
+    await _drain(lambda: sub.fetch(256, timeout=5), ack_all, len(payloads))
+    await nc.flush()
+    elapsed = time.perf_counter() - t0
+    await nc.close()
+    return len(payloads) / elapsed
+
+
+async def run_asyncrl(url: str, trajs: list[trajectory.Trajectory], job: str) -> float:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    settings = jetstream.StreamSettings("bench", job, max_size=len(trajs) * 2)
+    await jetstream.ensure_stream(js, settings)
+    consumer = jetstream.Consumer(js, settings)
+    await consumer.open()
+    pub = jetstream.Publisher(js, settings)
+    t0 = time.perf_counter()
+    for t in trajs:
+        await pub.publish(t)
+
+    async def ack_all(received):
+        for r in received:
+            assert r.trajectory is not None
+            await r.msg.ack()
+
+    await _drain(lambda: consumer.fetch(256, 5.0), ack_all, len(trajs))
+    await nc.flush()
+    elapsed = time.perf_counter() - t0
+    await nc.close()
+    return len(trajs) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=4000)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--response-tokens", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    trajs = [make(i, args.prompt_tokens, args.response_tokens) for i in range(args.count)]
+    payloads = [codec.encode_trajectory(t) for t in trajs]
+    with tempfile.TemporaryDirectory() as tmp, natsserver.start(store_dir=pathlib.Path(tmp) / "js") as server:
+        raw, ours = [], []
+        for r in range(args.rounds):  # paired and interleaved: drift in machine load hits both sides alike
+            raw.append(asyncio.run(run_raw(server.url, payloads, f"raw{r}")))
+            ours.append(asyncio.run(run_asyncrl(server.url, trajs, f"asyncrl{r}")))
+    ratios = sorted(o / r for o, r in zip(ours, raw, strict=True))
+    result = {
+        "benchmark": "P4 bus",
+        "count": args.count,
+        "payload_bytes": sum(map(len, payloads)) // len(payloads),
+        "raw_per_s": round(statistics.median(raw), 1),
+        "asyncrl_per_s": round(statistics.median(ours), 1),
+        "ratio": round(statistics.median(ratios), 3),
+        "ratios": [round(x, 3) for x in ratios],
+        "rounds": args.rounds,
+        "load_avg_1m": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+    }
+    print(json.dumps(result))
+    print(
+        f"| P4 bus: asyncrl ÷ raw nats-py (publish+fetch+ack, {result['payload_bytes']} B) "
+        f"| {result['asyncrl_per_s']}/s ÷ {result['raw_per_s']}/s = **{result['ratio']}** | ≥ 0.8 |"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,7 @@ ClusterRole and no for Secrets, pods/exec, cluster-admin and other things the op
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from asyncrl_testing import cluster_wait
+from asyncrl_testing import cluster_wait, jobs
 
 pytestmark = pytest.mark.cluster
 
@@ -41,7 +42,11 @@ def get(kubectl: Any, *args: str) -> Any:
 
 
 def can_i(kubectl: Any, verb: str, resource: str, *scope: str) -> str:
-    done = kubectl("auth", "can-i", verb, resource, "--as", SUBJECT, *scope, check=False)
+    """`kubectl auth can-i` as the chart's ServiceAccount. "pods/exec" means the subresource (kubectl
+    would read TYPE/NAME, i.e. a pod named exec, so it is passed as --subresource)."""
+    kind, _, sub = resource.partition("/")
+    extra = [f"--subresource={sub}"] if sub else []
+    done = kubectl("auth", "can-i", verb, kind, *extra, "--as", SUBJECT, *scope, check=False)
     return str(done.stdout.strip())
 
 
@@ -86,9 +91,11 @@ def rbac_release(cluster: Any, helm: Any, kubectl: Any) -> Iterator[dict[str, An
     helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False, timeout=120)
 
 
-def token_kubeconfig(cluster: Any, kubectl: Any, path: pathlib.Path) -> pathlib.Path:
+def token_kubeconfig(
+    cluster: Any, kubectl: Any, sa: str, sa_namespace: str, path: pathlib.Path
+) -> pathlib.Path:
     """A kubeconfig holding only a TokenRequest token of the chart's ServiceAccount."""
-    token = kubectl("create", "token", SA, "-n", RELEASE_NS, "--duration=1h").stdout.strip()
+    token = kubectl("create", "token", sa, "-n", sa_namespace, "--duration=1h").stdout.strip()
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -106,36 +113,30 @@ def token_kubeconfig(cluster: Any, kubectl: Any, path: pathlib.Path) -> pathlib.
     return path
 
 
-@pytest.fixture
-def operator_as_sa(
-    cluster: Any, kubectl: Any, rbac_release: dict[str, Any], tmp_path: pathlib.Path
+@contextlib.contextmanager
+def operator_as(
+    cluster: Any, kubectl: Any, sa: str, sa_namespace: str, workdir: pathlib.Path, *extra: str
 ) -> Iterator[pathlib.Path]:
-    """The operator process authenticated only as the chart's ServiceAccount; yields its log path."""
-    kubeconfig = token_kubeconfig(cluster, kubectl, tmp_path / "sa.kubeconfig")
+    """The `asyncrl-operator` process authenticated only as `sa` (no other credential); yields its log."""
+    kubeconfig = token_kubeconfig(cluster, kubectl, sa, sa_namespace, workdir / "sa.kubeconfig")
     whoami = subprocess.run(
         [str(cluster.bins.kubectl), "--kubeconfig", str(kubeconfig), "auth", "whoami", "-o", "json"],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == SUBJECT, whoami.stderr
+    user = json.loads(whoami.stdout)["status"]["userInfo"]["username"]
+    assert user == f"system:serviceaccount:{sa_namespace}:{sa}", whoami.stderr
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.update(KUBECONFIG=str(kubeconfig), HOME=str(tmp_path))
+    env.update(KUBECONFIG=str(kubeconfig), HOME=str(workdir))
     script = pathlib.Path(sys.executable).with_name("asyncrl-operator")
-    log = tmp_path / "operator.log"
+    log = workdir / "operator.log"
     live = free_port()
-    argv = [
-        str(script),
-        "--metrics-port",
-        str(free_port()),
-        "--liveness-port",
-        str(live),
-        "--resync-seconds",
-        "3",
-    ]
+    argv = [str(script), "--metrics-port", str(free_port()), "--liveness-port", str(live)]
+    argv += ["--resync-seconds", "3", *extra]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
         )
     try:
         cluster_wait.wait_until(
@@ -149,6 +150,32 @@ def operator_as_sa(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+# kopf's optional discovery of new CRDs / namespaces is cluster-scoped and deliberately not granted;
+# kopf logs one warning for it and carries on (the Deployment restarts the operator on CRD changes).
+TOLERATED = (
+    "Not enough permissions to watch for resources",
+    "Not enough permissions to list namespaces",
+    "Not enough permissions to watch for namespaces",
+)
+
+
+def forbidden_lines(log: pathlib.Path) -> list[str]:
+    return [
+        line
+        for line in log.read_text().splitlines()
+        if ("Forbidden" in line or " 403" in line or "forbidden" in line)
+        and not any(t in line for t in TOLERATED)
+    ]
+
+
+@pytest.fixture
+def operator_as_sa(
+    cluster: Any, kubectl: Any, rbac_release: dict[str, Any], tmp_path: pathlib.Path
+) -> Iterator[pathlib.Path]:
+    with operator_as(cluster, kubectl, SA, RELEASE_NS, tmp_path) as log:
+        yield log
 
 
 def storage_for_example(kubectl: Any, namespace: str) -> None:
@@ -189,7 +216,10 @@ def test_operator_with_the_chart_token_reconciles_the_example_job(
     kubectl: Any, namespace: str, operator_as_sa: pathlib.Path
 ) -> None:
     storage_for_example(kubectl, namespace)
-    kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "job.yaml"))
+    # Sent as JSON: kubectl's YAML reader turns the unquoted key `n` (spec.rollout.sampling.n) into
+    # "false" (YAML 1.1), a defect of the API's field name that tests/unit/test_chart_yaml.py reports.
+    example = yaml.safe_load((REPO / "examples" / "job.yaml").read_text())
+    kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(example))
     children = [
         ("configmap", f"{JOB}-config"),
         ("serviceaccount", f"{JOB}-trainer"),
@@ -248,8 +278,7 @@ def test_operator_with_the_chart_token_reconciles_the_example_job(
         "status.restarts.rollout counted",
         timeout=30,
     )
-    log = operator_as_sa.read_text()
-    assert "Forbidden" not in log and " 403" not in log, log[-3000:]
+    assert not forbidden_lines(operator_as_sa), "\n".join(forbidden_lines(operator_as_sa))
 
 
 def rule_checks(role: dict[str, Any]) -> list[tuple[str, str]]:
@@ -304,3 +333,44 @@ def test_can_i_no_for_what_the_operator_never_does(
     kubectl: Any, rbac_release: dict[str, Any], verb: str, resource: str, scope: str
 ) -> None:
     assert can_i(kubectl, verb, resource, *scope.split()) == "no", f"{SUBJECT} may {verb} {resource} {scope}"
+
+
+def test_namespaced_install_operates_its_namespace_with_a_role_only(
+    cluster: Any,
+    helm: Any,
+    kubectl: Any,
+    rbac_release: dict[str, Any],
+    namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """watch.namespaced=true: the operator, holding only the chart's Role, reconciles a job there."""
+    release = "arl-team"
+    helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "--wait",
+        "--set",
+        "watch.namespaced=true",
+        "--set",
+        "crds.install=false",
+        "--set",
+        "dashboards.enabled=false",
+        timeout=180,
+    )
+    try:
+        sa = f"{release}-asyncrl-operator"
+        with operator_as(cluster, kubectl, sa, namespace, tmp_path, "--namespace", namespace) as log:
+            kubectl("apply", "-f", "-", input=json.dumps(jobs.make_job("small", namespace)))
+            status = cluster_wait.wait_until(
+                lambda: get(kubectl, "asyncrljob", "small", "-n", namespace).get("status") or {},
+                lambda st: st.get("phase") == "Running",
+                "the job Running under the namespaced operator",
+                timeout=120,
+            )
+            assert status["trainer"]["readyReplicas"] == 2
+            assert not forbidden_lines(log), "\n".join(forbidden_lines(log))
+    finally:
+        helm("uninstall", release, "-n", namespace, "--wait", check=False, timeout=120)

@@ -195,3 +195,32 @@ def test_sigkill_between_step_and_ack_then_resume_trains_no_id_twice(tiny_model,
     assert second[-1]["counters"]["queue_depth"] == 0  # 28 published, all acked: nothing left
     progress = json.loads((tmp_path / "progress.json").read_text())
     assert progress["progress"]["step"] == 6 and progress["progress"]["samplesConsumed"] == 28
+
+
+def test_two_trainer_ranks_run_the_loop_with_checkpoints_and_syncs(tiny_model, nats_server, tmp_path):
+    """torchrun-style: rank 0 pulls and broadcasts each batch, rank 1 follows; both save checkpoints and
+    gather the full weights for every sync (the collectives line up, or the run would hang)."""
+    cfg = job_config(tmp_path, tiny_model, nats_server.url, max_steps=3)
+    publish_groups(nats_server.url, 6)
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = env_for(rank, 2, port)
+        env.update(ASYNCRL_STEP_LOG=str(tmp_path / "steps.jsonl"), ASYNCRL_METRICS_PORT="0")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "asyncrl_workloads.entrypoints.trainer", "--config", str(cfg)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["version"] for r in records] == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-00000002", "step-00000003"]
+    # both ranks wrote their shard of the sharded (DCP) checkpoint
+    assert len(list((tmp_path / "ckpt" / "step-00000003").glob("*.distcp"))) == 2

@@ -68,8 +68,10 @@ class Follower:
         world: fsdp.World,
         backend: backend_mod.TrainerBackend,
         checkpointer: checkpoint.Checkpointer | None,
+        metrics: metrics_mod.Bound | None = None,
     ) -> None:
         self.settings, self.world, self.backend, self.checkpointer = settings, world, backend, checkpointer
+        self.metrics = metrics
 
     def run(self, state: State) -> None:
         while True:
@@ -84,6 +86,9 @@ class Follower:
             elif kind == "batch":
                 self.backend.step(payload)
                 state.step += 1
+                if self.metrics is not None:
+                    self.metrics.trainer_step.set(state.step)
+                    self.metrics.trainer_last_step_ts.set(time.time())
                 if self.checkpointer is not None and self.checkpointer.due(state.step):
                     self.checkpointer.save(state.step, self.backend, {})
                 if state.step % self.settings.sync_every_steps == 0:

@@ -189,7 +189,7 @@ def run(cfg: config_mod.JobConfig) -> None:
         _prepare_paths(cfg)
     fsdp.broadcast_object(None, world)  # a barrier: the model exists before any rank loads it
     bound = metrics_mod.bind(metrics_mod.Identity(cfg.namespace, cfg.name, "trainer", str(world.rank)))
-    if world.is_main:
+    if world.local_rank == 0:  # one /metrics per pod (ranks of a pod would share the port)
         metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
     backend = backend_mod.BACKENDS[spec.trainer.backend](train_settings(cfg), world)
     ck = spec.trainer.checkpoint
@@ -210,6 +210,13 @@ def run(cfg: config_mod.JobConfig) -> None:
             state.version = ledger.param_version + 1 if resumed else 0
             asyncio.run(_lead(cfg, world, backend, checkpointer, ledger, state, resumed, bound))
         else:
-            loop.Follower(settings, world, backend, checkpointer if ck.every_steps else None).run(state)
+            follower = loop.Follower(
+                settings,
+                world,
+                backend,
+                checkpointer if ck.every_steps else None,
+                bound if world.local_rank == 0 else None,
+            )
+            follower.run(state)
     finally:
         fsdp.shutdown()

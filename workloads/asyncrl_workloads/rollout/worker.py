@@ -14,7 +14,7 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
   versions); with ``false`` admission stops and in-flight groups finish first.
 
 One admission rule serves all three modes (so async and sync runs compare like with like): a
-replica may have started at most ``(versions seen + maxStaleness + 1) x per-replica batch`` groups
+replica may have started at most ``(versions loaded + maxStaleness + 1) x per-replica batch`` groups
 since it started (AReaL's bound). In ``sync`` (maxStaleness 0) that means: generate one batch,
 then wait for the next version. If no new version arrives for ``stall_release_s`` while
 admission is closed, one more batch is admitted (the trainer may be short of samples because a
@@ -96,24 +96,25 @@ class RolloutWorker:
         self._admit = asyncio.Event()
         self._admit.set()
         self._members = settings.replicas
-        self._start_version = engine.version
+        self._updates = 0
         self._extra_batches = 0
         self._idle_since: float | None = None
         self._idle_total = 0.0
         self._started_at = time.monotonic()
         self.failure: BaseException | None = None
         self._engine_epoch = 0
+        self._behind = False
 
     # ---- admission -------------------------------------------------------------------------
     def _per_replica(self) -> int:
         return max(1, math.ceil(self.s.groups_per_version / max(1, self._members)))
 
     def _allowed(self) -> int:
-        versions = self.engine.version - self._start_version + self.s.max_staleness + 1 + self._extra_batches
+        versions = self._updates + self.s.max_staleness + 1 + self._extra_batches
         return versions * self._per_replica()
 
     def _may_start(self) -> bool:
-        return self._admit.is_set() and self.stats.groups_started < self._allowed()
+        return self._admit.is_set() and not self._behind and self.stats.groups_started < self._allowed()
 
     # ---- generation loop -------------------------------------------------------------------
     def _next_record(self) -> Mapping[str, Any]:
@@ -228,7 +229,12 @@ class RolloutWorker:
                     self._members = len(plan.candidates)
                     await self._apply(plan)
                 else:
-                    log.info("v%d announced without this replica; joining at the next version", plan.version)
+                    # Samples more than maxStaleness behind would only be dropped: wait to join.
+                    self._behind = plan.version - self.engine.version > self.s.max_staleness
+                    log.info(
+                        "v%d announced without this replica (at v%d); joining at the next version%s",
+                        plan.version, self.engine.version, ", generation paused" if self._behind else "",
+                    )  # fmt: skip
             await asyncio.sleep(self.s.poll_s)
 
     async def _apply(self, plan: base.Plan) -> None:
@@ -254,6 +260,8 @@ class RolloutWorker:
             t_loaded = time.monotonic()
             await asyncio.to_thread(self.link.ack, plan, checksum, t_loaded - t_roster)
             self.m.param_version.set(plan.version)
+            self._behind = False
+            self._updates += 1
             self.m.weight_sync_seconds.observe(t_loaded - t_roster)
             self.stats.updates.append(
                 {"version": plan.version, "drain_s": t_paused - t0, "wait_roster_s": t_roster - t_paused,

@@ -4,8 +4,8 @@ Run as ``python -m asyncrl_operator.crdgen`` (writes ``crds/asyncrl.dev_asyncrlj
 exits 1 when the committed file differs). The drift unit test calls ``build_crd``; the helm chart copies
 the file. Pydantic's JSON schema becomes a Kubernetes *structural* schema: ``$ref`` inlined,
 ``Optional`` turned into an omittable field, ``int | str`` into ``x-kubernetes-int-or-string``,
-JSON-Schema 2020 bounds into OpenAPI 3.0 ones, sub-object defaults into ``default: {}`` (so the apiserver
-fills in every default and ``kubectl get -o yaml`` shows the whole job), and the models' CEL rules kept.
+JSON-Schema 2020 bounds into OpenAPI 3.0 ones, sub-objects given their full default value (so the
+apiserver fills in every default and ``kubectl get -o yaml`` shows the whole job), CEL rules kept.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import copy
 import pathlib
 import sys
+import typing
 from typing import Any
 
 import pydantic
@@ -97,23 +98,49 @@ def _structural(node: dict[str, Any], with_defaults: bool) -> dict[str, Any]:
     if "items" in node:
         node["items"] = _structural(node["items"], with_defaults)
     if "properties" in node:
-        required = set(node.get("required", []))
-        props = {}
-        for name, prop in node["properties"].items():
-            child = _structural(prop, with_defaults)
-            is_model = child.get("type") == "object" and "properties" in child
-            optional = any(b.get("type") == "null" for b in prop.get("anyOf", []))
-            if with_defaults and is_model and name not in required and not optional:
-                child["default"] = {}
-            props[name] = child
-        node["properties"] = props
+        node["properties"] = {
+            name: _structural(prop, with_defaults) for name, prop in node["properties"].items()
+        }
     return node
+
+
+def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
+    """The pydantic model inside an annotation (``X``, ``X | None``, ``list[X]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _fill_model_defaults(node: dict[str, Any], model: type[pydantic.BaseModel]) -> None:
+    """Give every sub-object with a default (``default_factory=Model``) its full default value.
+
+    A bare ``default: {}`` is not enough: the apiserver checks defaults against the CEL rules without
+    defaulting inside them first, so a rule reading ``self.batch.prompts`` would fail on ``{}``.
+    """
+    for name, field in model.model_fields.items():
+        prop = (node.get("properties") or {}).get(field.alias or name)
+        if prop is None:
+            continue
+        if field.default_factory is not None:
+            value = field.default_factory()  # type: ignore[call-arg]
+            if isinstance(value, pydantic.BaseModel):
+                prop["default"] = value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        sub = _model_in(field.annotation)
+        if sub is not None:
+            _fill_model_defaults(prop.get("items", prop), sub)
 
 
 def model_schema(model: type[pydantic.BaseModel], with_defaults: bool) -> dict[str, Any]:
     """The structural schema of one model."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return _structural(_resolve(raw, raw.get("$defs", {})), with_defaults)
+    schema = _structural(_resolve(raw, raw.get("$defs", {})), with_defaults)
+    if with_defaults:
+        _fill_model_defaults(schema, model)
+    return schema
 
 
 def build_crd() -> dict[str, Any]:

@@ -63,7 +63,11 @@ def test_bounds_enums_and_defaults_reach_the_schema() -> None:
     assert (replicas["minimum"], replicas["default"]) == (0, 1)
     assert spec["mode"]["enum"] == ["async", "one-step-off", "sync"]
     assert spec["async"]["properties"]["queue"]["properties"]["whenFull"]["enum"] == ["dropOldest", "block"]
-    assert spec["async"]["default"] == {}
+    assert spec["async"]["default"] == {
+        "syncEverySteps": 1,
+        "requireBatches": 1,
+        "queue": {"maxSize": 512, "whenFull": "dropOldest"},
+    }
     lr = spec["trainer"]["properties"]["optimizer"]["properties"]["lr"]
     assert lr["exclusiveMinimum"] is True and lr["minimum"] == 0.0
     assert spec["model"]["required"] == ["path"] and "status" not in _schema()["required"]

@@ -166,10 +166,10 @@ class AsyncRLJobSpec(base.APIModel):
         seen: set[str] = set()
         for i, vol in enumerate(self.volumes):
             if vol.name in seen or vol.name in RESERVED_VOLUME_NAMES:
-                raise ValueError(f"volumes[{i}].name: {vol.name!r} is duplicated or reserved")
+                raise ValueError(f".volumes[{i}].name: {vol.name!r} is duplicated or reserved")
             seen.add(vol.name)
             if vol.mount_path.rstrip("/") in RESERVED_MOUNT_PATHS:
-                raise ValueError(f"volumes[{i}].mountPath: {vol.mount_path} is reserved for asyncrl")
+                raise ValueError(f".volumes[{i}].mountPath: {vol.mount_path} is reserved for asyncrl")
 
     def max_staleness(self) -> int:
         """The staleness bound in force: async.maxStaleness, or the mode's default when unset."""

@@ -44,7 +44,9 @@ def format_validation_error(exc: pydantic.ValidationError) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
-        lines.append(f"{where}: {err['msg']}")
+        msg = err["msg"].removeprefix("Value error, ")
+        # Cross-field rules name their field relative to the model: ".parallelism.tp: ...".
+        lines.append(f"{where}{msg}" if msg.startswith(".") else f"{where}: {msg}")
     return "; ".join(lines)
 
 
@@ -67,21 +69,22 @@ def _old_status(body: Body) -> api_status.AsyncRLJobStatus:
         return api_status.AsyncRLJobStatus()
 
 
-def _write_status(client: apply.Client, body: Body, new: api_status.AsyncRLJobStatus) -> None:
+def _write_status(client: apply.Client, body: Body, new: api_status.AsyncRLJobStatus) -> bool:
     """Patch the status if the operator-owned part changed (and record the phase metric)."""
     meta = body["metadata"]
     metrics.set_phase(meta["namespace"], meta["name"], new.phase)
     patch = status.status_patch(new)
     if patch == status.status_patch(_old_status(body)):
-        return
+        return False
     client.patch_status(meta["namespace"], meta["name"], patch)
+    return True
 
 
 def _write_invalid(client: apply.Client, body: Body, why: str) -> None:
     meta = body["metadata"]
-    log.warning("job %s/%s has an invalid spec: %s", meta["namespace"], meta["name"], why)
     new = status.compute_invalid_status(_old_status(body), int(meta.get("generation") or 0), why, _now())
-    _write_status(client, body, new)
+    if _write_status(client, body, new):
+        log.warning("job %s/%s has an invalid spec: %s", meta["namespace"], meta["name"], why)
 
 
 def reconcile(client: apply.Client, namespace: str, name: str) -> None:

@@ -42,6 +42,10 @@ def test_the_handler_reports_field_paths_of_an_invalid_job() -> None:
     )
     job, why = reconcile.parse(body)
     assert job is None and why is not None and "spec.rollout.replicas" in why
+    _, why = reconcile.parse(
+        jobs.make_job("demo", "ns", trainer={"gpusPerReplica": 6, "parallelism": {"tp": 4}})
+    )
+    assert why == "spec.trainer.parallelism.tp: parallelism.tp * parallelism.cp must divide gpusPerReplica"
 
 
 def test_the_handler_rejects_names_the_crd_would_reject() -> None:

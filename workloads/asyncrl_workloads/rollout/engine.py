@@ -31,7 +31,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from asyncrl_workloads.weightsync import base
+from asyncrl_workloads.weightsync import base, nccl
 
 log = logging.getLogger(__name__)
 EXTENSION = "asyncrl_workloads.weightsync.gloo.WorkerExtension"
@@ -73,7 +73,8 @@ class RolloutEngine:
         self.settings = settings
         self.version = 0
         self._ids = itertools.count()
-        self.tokenizer: Any = None
+        self._sync_target: tuple[str, int, int, str] = ("", 0, 0, "")
+        self._nccl_state = nccl.EngineState()
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> RolloutEngine:
@@ -94,7 +95,6 @@ class RolloutEngine:
         )
         llm = AsyncLLM.from_engine_args(args)
         engine = cls(llm, settings)
-        engine.tokenizer = llm.tokenizer
         await llm.update_weight_version("0")
         return engine
 
@@ -129,13 +129,13 @@ class RolloutEngine:
     async def init_weight_sync(
         self, host: str, port: int, replica: int, incarnation: str, timeout: float
     ) -> None:
-        info = {
-            "master_address": host,
-            "master_port": port,
-            "replica": replica,
-            "incarnation": incarnation,
-            "timeout_seconds": timeout,
-        }
+        """Point the engine workers at the trainer's rendezvous (again after a reconnect)."""
+        self._sync_target = (host, port, replica, incarnation)
+        if self.settings.backend == "nccl":
+            self._nccl_state.generation = -1  # the NCCL group is formed per generation, in update()
+            return
+        info = {"master_address": host, "master_port": port, "replica": replica,
+                "incarnation": incarnation, "timeout_seconds": timeout}  # fmt: skip
         await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
 
     async def pause(self) -> None:
@@ -147,14 +147,21 @@ class RolloutEngine:
 
     async def update(self, plan: base.Plan, roster: base.Roster) -> str:
         """Receive and load ``plan.version`` (generation must be paused); returns the checksum of
-        what the workers loaded. Raises if the transfer failed; the old weights then stay."""
+        what the workers loaded ("" on the NCCL path). Raises if the transfer failed: on the gloo
+        path the old weights then stay; on the NCCL path ``base.EngineUnusable``."""
         t0 = time.monotonic()
+        if self.settings.backend == "nccl":
+            host, port, replica, incarnation = self._sync_target
+            await nccl.update_engine(
+                self.llm, plan, roster, host, port, replica, incarnation, self._nccl_state
+            )
+            self.version = plan.version
+            return ""
         await self.llm.start_weight_update()
         info = {"plan": base.encode(plan).decode(), "roster": base.encode(roster).decode()}
-        try:
-            await self.llm.update_weights(WeightTransferUpdateRequest(update_info=info))
-        except Exception:
-            raise  # the worker already ended the update session; the old weights are intact
+        await self.llm.update_weights(
+            WeightTransferUpdateRequest(update_info=info)
+        )  # raises: old weights kept
         await self.llm.finish_weight_update(weight_version=str(plan.version))
         self.version = plan.version
         results = await self.llm.collective_rpc("asyncrl_last_update")

@@ -267,6 +267,9 @@ class RolloutWorker:
                 {"version": plan.version, "drain_s": t_paused - t0, "wait_roster_s": t_roster - t_paused,
                  "load_s": t_loaded - t_roster}
             )  # fmt: skip
+        except base.EngineUnusable as exc:
+            log.error("v%d: %s; stopping so the replica restarts", plan.version, exc)
+            self.failure = exc
         except Exception as exc:  # TrainerUnreachable, a deadline, a broken group
             log.warning("v%d: weight update failed (%s); keeping v%d", plan.version, exc, self.engine.version)
             with contextlib.suppress(replica.TrainerUnreachable):

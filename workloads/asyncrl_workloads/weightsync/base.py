@@ -44,6 +44,11 @@ class ProtocolError(ValueError):
     """A weight-sync message of another protocol version or with missing fields."""
 
 
+class EngineUnusable(RuntimeError):
+    """A failed round left the inference engine without valid weights (vLLM's NCCL engine moves
+    layers to the meta device at start); the rollout must exit so its pod restarts."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorMeta:
     """One named tensor as the trainer sends it (HF checkpoint names)."""
@@ -95,6 +100,8 @@ class Plan:
     timeout_seconds: float
     trainer: str
     """Incarnation of the trainer process; a new one means the store and generations were reset."""
+    bucket_bytes: int = 0
+    """The sender's bucket bound (bucketMB); the NCCL path's packed buffers must agree with it."""
 
     def includes(self, replica: int, incarnation: str) -> bool:
         return any(m.replica == replica and m.incarnation == incarnation for m in self.candidates)

@@ -21,9 +21,9 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import torch
-from torch.distributed import distributed_c10d
 
 from asyncrl_workloads.weightsync import base, checksum, rendezvous
 
@@ -42,7 +42,7 @@ class GlooWeightSender(base.WeightSender):
         self._registry: dict[int, base.Hello] = {}
         self._seq = 0
         self._generation = 0
-        self._group: distributed_c10d.ProcessGroupGloo | None = None
+        self._group: Any = None
         self._group_members: tuple[base.Member, ...] = ()
 
     # ---- membership ------------------------------------------------------------------------
@@ -96,6 +96,7 @@ class GlooWeightSender(base.WeightSender):
             buckets=base.plan_buckets(metas, self.bucket_bytes),
             timeout_seconds=self.timeout,
             trainer=self.incarnation,
+            bucket_bytes=self.bucket_bytes,
         )
         self.store.set(rendezvous.plan_key(plan.seq), base.encode(plan))
         self.store.set(rendezvous.PLAN_SEQ, str(plan.seq))
@@ -132,10 +133,7 @@ class GlooWeightSender(base.WeightSender):
             return report
         t0 = time.monotonic()
         try:
-            for a, b in plan.buckets:
-                buffer = rendezvous.pack([t for _, t in tensors[a:b]])
-                rendezvous.broadcast(self._group, buffer, deadline - time.monotonic())  # type: ignore[arg-type]
-                report.nbytes += buffer.numel()
+            self._transfer(plan, tensors, deadline, report)
         except RuntimeError as exc:  # gloo: timeout or a peer gone
             log.warning("weight sync v%d: broadcast failed: %s", version, str(exc).splitlines()[0][:200])
             self._close_group()
@@ -159,9 +157,7 @@ class GlooWeightSender(base.WeightSender):
         if self._group is not None:
             return True
         try:
-            self._group = rendezvous.form_group(
-                self.store, roster.generation, 0, roster.world_size, deadline - time.monotonic()
-            )
+            self._group = self._open_group(roster, deadline)
             self._group_members = roster.members
             return True
         except RuntimeError as exc:
@@ -173,6 +169,26 @@ class GlooWeightSender(base.WeightSender):
             else:
                 self._drop(report, m.replica, f"group generation {roster.generation} failed")
         return False
+
+    # ---- the transport (the NCCL sender overrides these three) ------------------------------
+    def _open_group(self, roster: base.Roster, deadline: float) -> Any:
+        """Form generation ``roster.generation``'s group as rank 0 (raises RuntimeError on failure)."""
+        return rendezvous.form_group(
+            self.store, roster.generation, 0, roster.world_size, deadline - time.monotonic()
+        )
+
+    def _transfer(
+        self,
+        plan: base.Plan,
+        tensors: list[tuple[str, torch.Tensor]],
+        deadline: float,
+        report: base.SyncReport,
+    ) -> None:
+        """Broadcast every bucket of ``plan`` before ``deadline`` (raises RuntimeError on failure)."""
+        for a, b in plan.buckets:
+            buffer = rendezvous.pack([t for _, t in tensors[a:b]])
+            rendezvous.broadcast(self._group, buffer, deadline - time.monotonic())
+            report.nbytes += buffer.numel()
 
     def _close_group(self) -> None:
         self._group = None  # gloo closes its sockets when the last reference goes

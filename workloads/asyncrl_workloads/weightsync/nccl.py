@@ -1,0 +1,179 @@
+"""Weight sync on GPUs: vLLM 0.32's own NCCL weight-transfer engine behind our membership protocol.
+
+NOT RUNNABLE ON THE CPU MACHINES this project is developed on (no CUDA, no NCCL): written against
+vLLM 0.32's real API (``vllm.distributed.weight_transfer.nccl_engine``: ``NCCLTrainerInitInfo``,
+``NCCLTrainerWeightTransferEngine.trainer_init`` / ``send_weights``, ``NCCLWeightTransferInitInfo``,
+``NCCLWeightTransferUpdateInfo``) and exercised only where a GPU machine is lent. The control
+flow is the gloo path's (``weightsync/base.py``); only the transport differs:
+
+- Trainer (``NcclWeightSender``, called by the trainer like ``GlooWeightSender``): the same
+  rendezvous store, plans, ready keys, rosters, acks and deadlines. Per group generation it opens
+  vLLM's trainer endpoint (``trainer_init``, NCCL rank 0, a StatelessProcessGroup on
+  ``weightSync.port + 1``) and each round calls ``send_weights()`` (packed buffers of
+  ``bucketMB``). Its client is a no-op: each replica drives its own engine from the roster, because
+  vLLM's ``trainer_init`` would send ``rank_offset=1`` to every worker and separate replicas would
+  collide (``1 + replica_index * tp * pp`` is needed; the roster carries it).
+- Rollout (``update_engine``, called by ``rollout/engine.py`` when the backend is nccl): on a new
+  generation ``init_weight_transfer_engine`` with this replica's ``rank_offset``; then
+  ``start_weight_update`` (layers to meta) -> ``update_weights`` (names/dtypes/shapes) ->
+  ``finish_weight_update(version)``, inside ``pause_generation(keep)``.
+- Deadlines: NCCL collectives cannot be cancelled from Python, so every NCCL call runs in a
+  thread the caller waits on until the deadline; past it the communicator is abandoned (leaked,
+  never reused), the round fails like a gloo timeout and the next round forms a new generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from asyncrl_api import config as config_mod
+
+from asyncrl_workloads.weightsync import base, sender
+
+
+def group_port(port: int) -> int:
+    """NCCL's own rendezvous (vLLM's StatelessProcessGroup) listens beside ours."""
+    return port + 1
+
+
+def _with_deadline(fn: Callable[[], Any], deadline: float, what: str) -> Any:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-weight-sync")
+    future = pool.submit(fn)
+    try:
+        return future.result(timeout=max(0.001, deadline - time.monotonic()))
+    except concurrent.futures.TimeoutError:
+        raise RuntimeError(f"nccl weight sync: {what} past the deadline; communicator abandoned") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+class _ListSource:
+    """vLLM ``WeightSource`` over this round's (name, tensor) list (full tensors on rank 0)."""
+
+    def __init__(self) -> None:
+        self.tensors: list[tuple[str, torch.Tensor]] = []
+
+    def metadata(self) -> list[Any]:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors)
+
+
+class _RolloutsDriveThemselves:
+    """The 4-method client vLLM's trainer engine calls; each replica drives its own engine."""
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        pass
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info: Any) -> None:
+        pass
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        pass
+
+
+class NcclWeightSender(sender.GlooWeightSender):
+    """Trainer rank 0 on GPUs: our membership protocol, vLLM's NCCL transport."""
+
+    def __init__(self, cfg: config_mod.JobConfig) -> None:
+        ws = cfg.spec.weight_sync
+        super().__init__(
+            port=cfg.endpoints.weight_sync_port, timeout_seconds=ws.timeout_seconds, bucket_mb=ws.bucket_mb
+        )
+        self.host = cfg.endpoints.trainer_host
+        self.port = cfg.endpoints.weight_sync_port
+        self._source = _ListSource()
+
+    def _open_group(self, roster: base.Roster, deadline: float) -> Any:
+        from vllm.distributed.weight_transfer import base as vllm_wt
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+
+        info = NCCLTrainerInitInfo(
+            master_address=self.host, master_port=group_port(self.port), world_size=roster.world_size, rank=0,
+            packed=True, packed_buffer_size_bytes=self.bucket_bytes,
+        )  # fmt: skip
+        source: vllm_wt.WeightSource = self._source  # type: ignore[assignment]
+        client = _RolloutsDriveThemselves()
+        return _with_deadline(
+            lambda: NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source),
+            deadline, f"forming group generation {roster.generation}",
+        )  # fmt: skip
+
+    def _transfer(
+        self,
+        plan: base.Plan,
+        tensors: list[tuple[str, torch.Tensor]],
+        deadline: float,
+        report: base.SyncReport,
+    ) -> None:
+        self._source.tensors = tensors
+        engine = self._group
+        _with_deadline(engine.send_weights, deadline, f"broadcast of v{plan.version}")
+        report.nbytes += sum(t.numel() * t.element_size() for _, t in tensors)
+
+    def _close_group(self) -> None:
+        engine, self._group = self._group, None
+        self._group_members = ()
+        if engine is not None:
+            with contextlib.suppress(RuntimeError):  # a stuck communicator is abandoned
+                _with_deadline(engine.shutdown, time.monotonic() + 5.0, "shutdown")
+
+
+@dataclasses.dataclass
+class EngineState:
+    """What the rollout side remembers between rounds."""
+
+    generation: int = -1
+
+
+async def update_engine(
+    llm: Any, plan: base.Plan, roster: base.Roster, host: str, port: int, replica: int, incarnation: str,
+    state: EngineState,
+) -> None:  # fmt: skip
+    """Rollout side of one round on vLLM's NCCL engine (generation must be paused)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, worker_init_payload
+
+    member = roster.member(replica, incarnation)
+    if member is None:
+        raise RuntimeError(f"replica {replica} is not in the roster of round {roster.seq}")
+    timeout = plan.timeout_seconds
+    if state.generation != roster.generation:
+        if state.generation >= 0:
+            await asyncio.wait_for(llm.shutdown_weight_transfer_engine(), timeout)
+        state.generation = -1
+        init = NCCLWeightTransferInitInfo(
+            master_address=host, master_port=group_port(port), rank_offset=member.rank_offset,
+            world_size=roster.world_size, packed=True, packed_buffer_size_bytes=plan.bucket_bytes,
+        )  # fmt: skip
+        request = WeightTransferInitRequest(init_info=worker_init_payload(init))
+        await asyncio.wait_for(llm.init_weight_transfer_engine(request), timeout)
+        state.generation = roster.generation
+    update = {
+        "names": [t.name for t in plan.tensors],
+        "dtype_names": [t.dtype for t in plan.tensors],
+        "shapes": [list(t.shape) for t in plan.tensors],
+    }
+    await llm.start_weight_update()
+    try:
+        await asyncio.wait_for(llm.update_weights(WeightTransferUpdateRequest(update_info=update)), timeout)
+    except BaseException as exc:
+        state.generation = -1
+        raise base.EngineUnusable(f"nccl weight update v{plan.version} failed mid-transfer: {exc}") from exc
+    await llm.finish_weight_update(weight_version=str(plan.version))

@@ -205,6 +205,7 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     nats = None
     supervisor = None
     outcome, detail = "stopped", ""
+    stop_seconds = 0.0
     try:
         if spec.bus.nats.managed:
             nats = natsserver.start(store_dir=run_dir / "nats", log_path=run_dir / "logs" / "nats-server.log")
@@ -228,16 +229,19 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         if outcome == "stopped":
             detail = reason["why"] if stop.is_set() else detail
     finally:
+        stopping = time.monotonic()
         if supervisor is not None:
             out.say("asyncrl: stopping processes ...")
             supervisor.stop_all()
         if nats is not None:
             nats.stop()
+        stop_seconds = time.monotonic() - stopping
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    summary = {"outcome": outcome, "detail": detail, "runDir": str(run_dir)}
+    summary = {"outcome": outcome, "detail": detail, "runDir": str(run_dir),
+               "stopSeconds": round(stop_seconds, 2)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    out.say(f"asyncrl: {outcome}: {detail}")
+    out.say(f"asyncrl: {outcome}: {detail} (all processes stopped in {stop_seconds:.1f}s)")
     out.say(f"asyncrl: metrics in {run_dir / 'metrics.jsonl'}; curves: asyncrl plot {run_dir}")
     if outcome == "failed":
         return 1

@@ -202,3 +202,72 @@ def test_plot_writes_png_curves(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
     with pytest.raises(plot.PlotError, match="cannot read"):
         plot.plot(tmp_path / "nothing-here")
+
+
+# --- supervision of real (tiny) processes --------------------------------------------------------------
+
+def _pod(name, role, script):
+    return pods.LocalPod(name, role, 0, ("/bin/sh", "-c", script), {}, 0)
+
+
+def _wait_for(predicate, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_failed_rollout_is_restarted_then_given_up_and_a_config_error_is_fatal(tmp_path):
+    said = []
+    supervisor = runner.Supervisor([_pod("t-trainer-0", "trainer", "sleep 30"),
+                                    _pod("t-rollout-0", "rollout", "exit 1")], {}, tmp_path, said.append)
+    supervisor.start_all()
+    try:
+        outcomes = []
+        for _ in range(runner.ROLLOUT_RESTARTS + 1):
+            assert _wait_for(lambda: supervisor.children["t-rollout-0"].poll() is not None)
+            outcomes.append(supervisor.check())
+        assert outcomes[:-1] == [None] * runner.ROLLOUT_RESTARTS and outcomes[-1][0] == "failed"
+        assert len(said) == runner.ROLLOUT_RESTARTS and "restarting (1/3)" in said[0]
+    finally:
+        supervisor.stop_all(grace=5)
+    config_error = runner.Supervisor([_pod("c-rollout-0", "rollout", "echo bad field >&2; exit 2")], {},
+                                     tmp_path, said.append)
+    config_error.start_all()
+    assert _wait_for(lambda: config_error.children["c-rollout-0"].poll() is not None)
+    outcome, detail = config_error.check()
+    assert outcome == "failed" and "code 2" in detail and "bad field" in detail
+
+
+def test_trainer_exit_zero_means_done(tmp_path):
+    supervisor = runner.Supervisor([_pod("d-trainer-0", "trainer", "exit 0")], {}, tmp_path, print)
+    supervisor.start_all()
+    assert _wait_for(lambda: supervisor.children["d-trainer-0"].poll() is not None)
+    assert supervisor.check() == ("done", "d-trainer-0 finished")
+
+
+def test_stop_all_kills_whole_process_groups_including_grandchildren(tmp_path):
+    import os
+
+    pidfile = tmp_path / "grandchild.pid"
+    # the grandchild ignores SIGTERM: only the group SIGKILL after the grace period ends it
+    script = f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 300' & wait"
+    supervisor = runner.Supervisor([_pod("g-rollout-0", "rollout", script)], {}, tmp_path, print)
+    supervisor.start_all()
+    assert _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip())
+    grandchild = int(pidfile.read_text())
+    supervisor.stop_all(grace=1.0)
+
+    def gone():
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            return True
+        state = pathlib.Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state == "Z"  # killed, waiting for init to reap it
+
+    assert _wait_for(gone, timeout=10)

@@ -143,7 +143,9 @@ class Supervisor:
         ):
             time.sleep(0.1)
         for child in ordered:
-            child.stop(grace=5.0)  # SIGKILLs survivors, reaps the leader
+            child.signal(signal.SIGKILL)  # survivors of the grace period (no-op for groups already gone)
+        for child in ordered:
+            child.stop(grace=5.0)  # reaps the leader
 
 
 class Terminal:

@@ -145,6 +145,29 @@ class RolloutEngine:
     async def resume(self) -> None:
         await self.llm.resume_generation()
 
+    @property
+    def overlapped(self) -> bool:
+        """Whether weights can be received while generating (gloo: yes; vLLM's NCCL engine: no)."""
+        return self.settings.backend != "nccl"
+
+    async def prefetch(self, plan: base.Plan, roster: base.Roster) -> None:
+        """Start receiving ``plan`` in the engine workers; generation goes on meanwhile."""
+        await self.llm.collective_rpc(
+            "asyncrl_prefetch", args=(base.encode(plan).decode(), base.encode(roster).decode())
+        )
+
+    async def apply_prefetched(self, plan: base.Plan) -> str:
+        """Load what ``prefetch`` received (generation must be paused); returns the checksum."""
+        await self.llm.start_weight_update()
+        info = {"plan": base.encode(plan).decode(), "prefetched": True}
+        await self.llm.update_weights(
+            WeightTransferUpdateRequest(update_info=info)
+        )  # raises: old weights kept
+        await self.llm.finish_weight_update(weight_version=str(plan.version))
+        self.version = plan.version
+        results = await self.llm.collective_rpc("asyncrl_last_update")
+        return ",".join(sorted({digest for _, digest in results}))
+
     async def update(self, plan: base.Plan, roster: base.Roster) -> str:
         """Receive and load ``plan.version`` (generation must be paused); returns the checksum of
         what the workers loaded ("" on the NCCL path). Raises if the transfer failed: on the gloo

@@ -8,10 +8,11 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
 - **generation**: up to ``max_inflight_prompts`` groups at once; each group is one vLLM request
   with ``n`` samples; every sample becomes one ``Trajectory`` (token ids, processed behaviour
   logprobs, the policy version of every token, reward) published to the bus.
-- **control**: polls the rendezvous for plans; for a plan that includes this replica it pauses,
-  joins the round, loads the version and resumes. With ``partialRollout: true`` in-flight
-  requests are frozen and continue under the new weights (their tokens then carry several
-  versions); with ``false`` admission stops and in-flight groups finish first.
+- **control**: polls the rendezvous for plans; for a plan that includes this replica it joins
+  the round, receives the weights while still generating (gloo; see ``weightsync/gloo.py``),
+  acks, then pauses only to reload and resumes. With ``partialRollout: true`` in-flight requests
+  are frozen across the reload and continue under the new weights (their tokens then carry
+  several versions); with ``false`` admission stops and in-flight groups finish first.
 
 One admission rule serves all three modes (so async and sync runs compare like with like): a
 replica may have started at most ``(versions loaded + maxStaleness + 1) x per-replica batch`` groups
@@ -238,50 +239,77 @@ class RolloutWorker:
             await asyncio.sleep(self.s.poll_s)
 
     async def _apply(self, plan: base.Plan) -> None:
+        """One round on this replica. Gloo (overlapped): ready at once, receive in the engine
+        workers while generating, ack, then pause only to reload. NCCL: pause, then receive+load."""
         assert self.link is not None
+        link = self.link
+        record: dict[str, float] = {"version": plan.version}
         t0 = time.monotonic()
-        paused = False
+        paused_at: float | None = None
         try:
-            if not self.s.partial_rollout:
-                self._admit.clear()
-                while self._inflight:
-                    await asyncio.sleep(self.s.poll_s / 4)
-            await self.engine.pause()
-            paused = True
-            t_paused = time.monotonic()
-            await asyncio.to_thread(self.link.ready, plan)
-            roster = await asyncio.to_thread(self.link.roster, plan)
-            if roster.member(self.link.replica, self.link.incarnation) is None:
-                log.warning("v%d: left out of the roster; joining at the next version", plan.version)
-                await asyncio.to_thread(self.link.rejoin)
-                return
-            t_roster = time.monotonic()
-            checksum = await self.engine.update(plan, roster)
-            t_loaded = time.monotonic()
-            await asyncio.to_thread(self.link.ack, plan, checksum, t_loaded - t_roster)
+            if self.engine.overlapped:
+                await asyncio.to_thread(link.ready, plan)
+                roster = await asyncio.to_thread(link.roster, plan)
+                if not await self._in(roster, plan):
+                    return
+                t_roster = time.monotonic()
+                await self.engine.prefetch(plan, roster)
+                received = await asyncio.to_thread(link.wait_received, plan)
+                t_received = time.monotonic()
+                await asyncio.to_thread(link.ack, plan, received, t_received - t_roster)
+                record.update(wait_roster_s=t_roster - t0, transfer_s=t_received - t_roster)
+                await self._drain()
+                paused_at = time.monotonic()
+                await self.engine.pause()
+                loaded = await self.engine.apply_prefetched(plan)
+                if loaded != received:
+                    raise RuntimeError(f"loaded checksum {loaded} != received {received}")
+            else:
+                await self._drain()
+                paused_at = time.monotonic()
+                await self.engine.pause()
+                await asyncio.to_thread(link.ready, plan)
+                roster = await asyncio.to_thread(link.roster, plan)
+                if not await self._in(roster, plan):
+                    return
+                t_roster = time.monotonic()
+                loaded = await self.engine.update(plan, roster)
+                record.update(wait_roster_s=t_roster - t0, transfer_s=time.monotonic() - t_roster)
+                await asyncio.to_thread(link.ack, plan, loaded, record["transfer_s"])
             self.m.param_version.set(plan.version)
+            self.m.weight_sync_seconds.observe(record["transfer_s"])
             self._behind = False
             self._updates += 1
-            self.m.weight_sync_seconds.observe(t_loaded - t_roster)
-            self.stats.updates.append(
-                {"version": plan.version, "drain_s": t_paused - t0, "wait_roster_s": t_roster - t_paused,
-                 "load_s": t_loaded - t_roster}
-            )  # fmt: skip
+            self.stats.updates.append(record)
         except base.EngineUnusable as exc:
             log.error("v%d: %s; stopping so the replica restarts", plan.version, exc)
             self.failure = exc
-        except Exception as exc:  # TrainerUnreachable, a deadline, a broken group
+        except Exception as exc:  # TrainerUnreachable, TransferFailed, a deadline, a broken group
             log.warning("v%d: weight update failed (%s); keeping v%d", plan.version, exc, self.engine.version)
             with contextlib.suppress(replica.TrainerUnreachable):
-                await asyncio.to_thread(self.link.rejoin)
+                await asyncio.to_thread(link.rejoin)
         finally:
-            if paused:
+            if paused_at is not None:
                 await self.engine.resume()
-                pause_s = time.monotonic() - t0
-                self.m.rollout_pause_seconds.observe(pause_s)
-                if self.stats.updates and self.stats.updates[-1]["version"] == plan.version:
-                    self.stats.updates[-1]["pause_s"] = pause_s
+                record["pause_s"] = time.monotonic() - paused_at
+                self.m.rollout_pause_seconds.observe(record["pause_s"])
             self._admit.set()
+
+    async def _in(self, roster: base.Roster, plan: base.Plan) -> bool:
+        assert self.link is not None
+        if roster.member(self.link.replica, self.link.incarnation) is not None:
+            return True
+        log.warning("v%d: left out of the roster; joining at the next version", plan.version)
+        await asyncio.to_thread(self.link.rejoin)
+        return False
+
+    async def _drain(self) -> None:
+        """partialRollout false: stop admitting and let in-flight groups finish under the old weights."""
+        if self.s.partial_rollout:
+            return
+        self._admit.clear()
+        while self._inflight:
+            await asyncio.sleep(self.s.poll_s / 4)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Generate and follow the trainer until ``stop`` is set or the engine fails."""

@@ -12,23 +12,31 @@ is then driven through vLLM's own API from the rollout process:
         -> finish_weight_update(version) -> resume_generation
 
 Unlike vLLM's NCCL engine, ``start_weight_update`` does not move the layers to the meta device:
-``update_weights`` first receives every bucket into host buffers and only then reloads them in
-place (vLLM's layerwise ``reload_weights``, needed because the CPU backend repacks linear layers).
-A deadline or a dead trainer mid-transfer therefore leaves the old weights intact and the engine
-alive; the error reaches the caller, who keeps generating with the old version.
+every bucket is first received into host buffers and only then reloaded in place (vLLM's layerwise
+``reload_weights``, needed because the CPU backend repacks linear layers). A deadline or a dead
+trainer mid-transfer therefore leaves the old weights intact and the engine alive; the error
+reaches the caller, who keeps generating with the old version.
+
+Overlapped transfer: ``WorkerExtension.asyncrl_prefetch`` (a ``collective_rpc``) starts the
+receive in a worker thread and returns at once, so the engine keeps generating while the bytes
+arrive; the worker marks the round ``received`` in the trainer's store. Only then does the rollout
+pause, and ``update_weights({plan, prefetched: true})`` just reloads what was received: the pause
+per sync is the reload, not the transfer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 
+import torch
 from vllm.distributed.weight_transfer import base as vllm_wt
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.reload import inplace
 
-from asyncrl_workloads.weightsync import base, checksum
+from asyncrl_workloads.weightsync import base, checksum, rendezvous
 from asyncrl_workloads.weightsync import receiver as receiver_mod
 
 log = logging.getLogger(__name__)
@@ -48,29 +56,66 @@ class GlooInitInfo(vllm_wt.WeightTransferInitInfo):
 class GlooUpdateInfo(vllm_wt.WeightTransferUpdateInfo):
     plan: str
     """``base.Plan`` as JSON."""
-    roster: str
-    """``base.Roster`` as JSON."""
+    roster: str = ""
+    """``base.Roster`` as JSON; empty when the tensors were prefetched (``prefetched``)."""
+    prefetched: bool = False
+    """Load what ``WorkerExtension.asyncrl_prefetch`` received for this plan instead of receiving."""
+
+
+class _Prefetch:
+    """A receive running in a worker thread while the engine keeps generating."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.done = threading.Event()
+        self.tensors: list[tuple[str, torch.Tensor]] = []
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
 
 
 class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
-    """vLLM worker-side engine: receive all buckets, then reload in place."""
+    """vLLM worker-side engine: receive all buckets (now, or earlier in a thread), then reload in place."""
 
     init_info_cls = GlooInitInfo
     update_info_cls = GlooUpdateInfo
     supports_draft_weight_update = False
 
     receiver: receiver_mod.GlooWeightReceiver | None = None
+    prefetch: _Prefetch | None = None
     last_checksum: str = ""
     last_version: int = -1
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         self.receiver = receiver_mod.connect(
-            init_info.master_address,
-            init_info.master_port,
-            init_info.replica,
-            init_info.incarnation,
+            init_info.master_address, init_info.master_port, init_info.replica, init_info.incarnation,
             init_info.timeout_seconds,
-        )
+        )  # fmt: skip
+
+    def _worker_rank(self) -> int:
+        pc = self.parallel_config
+        return int(pc.data_parallel_index * pc.world_size + pc.rank)
+
+    def start_prefetch(self, plan: base.Plan, roster: base.Roster) -> None:
+        """Receive ``plan`` in a thread; the worker marks ``received`` in the store when done."""
+        if self.receiver is None:
+            raise RuntimeError("gloo weight transfer: init_weight_transfer_engine was not called")
+        if self.prefetch is not None and self.prefetch.thread is not None:
+            self.prefetch.thread.join()  # a previous receive ends by its own deadline
+        job = _Prefetch(plan.seq)
+        receiver, rank = self.receiver, self._worker_rank()
+
+        def run() -> None:
+            try:
+                job.tensors = receiver.receive(plan, roster, rank)
+                outcome = checksum.of(job.tensors)
+            except BaseException as exc:
+                job.error, outcome = exc, f"error: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}"
+            job.done.set()
+            receiver.store.set(rendezvous.received_key(plan.seq, receiver.replica, rank), outcome)
+
+        job.thread = threading.Thread(target=run, name=f"asyncrl-prefetch-{plan.seq}", daemon=True)
+        self.prefetch = job
+        job.thread.start()
 
     def start_weight_update(self) -> None:
         """Nothing: the model stays usable until every byte has arrived (see module docstring)."""
@@ -79,22 +124,27 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
         if self.receiver is None:
             raise RuntimeError("gloo weight transfer: init_weight_transfer_engine was not called")
         plan = base.decode(update_info.plan.encode(), base.Plan)
-        roster = base.decode(update_info.roster.encode(), base.Roster)
-        pc = self.parallel_config
-        worker_rank = pc.data_parallel_index * pc.world_size + pc.rank
         t0 = time.monotonic()
-        tensors = self.receiver.receive(plan, roster, worker_rank)
+        if update_info.prefetched:
+            job = self.prefetch
+            if job is None or job.seq != plan.seq or not job.done.wait(plan.timeout_seconds):
+                raise RuntimeError(f"gloo weight transfer: nothing prefetched for round {plan.seq}")
+            self.prefetch = None
+            if job.error is not None:
+                raise RuntimeError(f"gloo weight transfer: prefetch of round {plan.seq} failed: {job.error}")
+            tensors = job.tensors
+        else:
+            roster = base.decode(update_info.roster.encode(), base.Roster)
+            tensors = self.receiver.receive(plan, roster, self._worker_rank())
         t1 = time.monotonic()
         inplace.reload_weights(self.vllm_config, self.model, iter(tensors), None, True)
         self.last_checksum = checksum.of(tensors)
         self.last_version = plan.version
         log.info(
-            "gloo weight transfer v%d: %d tensors received in %.1f ms, reloaded in %.1f ms",
-            plan.version,
-            len(tensors),
-            1e3 * (t1 - t0),
-            1e3 * (time.monotonic() - t1),
-        )
+            "gloo weight transfer v%d: %d tensors %s in %.1f ms, reloaded in %.1f ms",
+            plan.version, len(tensors), "taken from prefetch" if update_info.prefetched else "received",
+            1e3 * (t1 - t0), 1e3 * (time.monotonic() - t1),
+        )  # fmt: skip
 
     def finish_weight_update(self) -> None:
         """Nothing: ``receive_weights`` already reloaded (and finalised) the layers."""
@@ -110,6 +160,15 @@ class WorkerExtension:
 
     Method names carry an ``asyncrl_`` prefix: vLLM asserts they do not clash with Worker's own.
     """
+
+    def asyncrl_prefetch(self, plan: str, roster: str) -> None:
+        """Start receiving a round in the background (returns at once; see ``start_prefetch``)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, GlooWeightTransferEngine):
+            raise RuntimeError("asyncrl_prefetch needs weight_transfer_config backend 'gloo'")
+        engine.start_prefetch(
+            base.decode(plan.encode(), base.Plan), base.decode(roster.encode(), base.Roster)
+        )
 
     def asyncrl_last_update(self) -> tuple[int, str]:
         """(version, checksum of the received tensors) of the last successful update."""

@@ -51,6 +51,11 @@ def joined_key(generation: int, rank: int) -> str:
     return f"{PREFIX}joined/{generation}/{rank}"
 
 
+def received_key(seq: int, replica: int, worker_rank: int) -> str:
+    """Set by an engine worker when its background receive of round ``seq`` ended (checksum or error)."""
+    return f"{PREFIX}received/{seq}/{replica}/{worker_rank}"
+
+
 def ack_key(seq: int, replica: int) -> str:
     return f"{PREFIX}ack/{seq}/{replica}"
 

@@ -22,6 +22,10 @@ class TrainerUnreachable(ConnectionError):
     """The trainer's rendezvous store cannot be reached (not up yet, or restarting)."""
 
 
+class TransferFailed(RuntimeError):
+    """The background receive of a round failed or ran past its deadline."""
+
+
 class ReplicaLink:
     """Says hello, watches for plans, and reports ready / ack for one replica process."""
 
@@ -100,6 +104,24 @@ class ReplicaLink:
             return base.decode(data, base.Roster)  # type: ignore[no-any-return]
 
         return self._call(_roster)  # type: ignore[no-any-return]
+
+    def wait_received(self, plan: base.Plan) -> str:
+        """Wait until every engine worker of this replica has received ``plan`` in the background;
+        their checksum, or TransferFailed naming the first error / the deadline."""
+
+        def _wait(store: dist.TCPStore) -> str:
+            deadline = time.monotonic() + plan.timeout_seconds
+            keys = [rendezvous.received_key(plan.seq, self.replica, rank) for rank in range(self.ranks)]
+            outcomes = {bytes(rendezvous.get_by(store, key, deadline)).decode() for key in keys}
+            errors = sorted(o for o in outcomes if o.startswith("error:"))
+            if errors or len(outcomes) != 1:
+                raise TransferFailed(errors[0] if errors else f"workers disagree: {sorted(outcomes)}")
+            return outcomes.pop()
+
+        try:
+            return self._call(_wait)  # type: ignore[no-any-return]
+        except rendezvous.DeadlineExceeded as exc:
+            raise TransferFailed(str(exc)) from None
 
     def ack(self, plan: base.Plan, checksum: str, apply_seconds: float) -> None:
         ack = base.Ack(self.replica, self.incarnation, checksum, apply_seconds)

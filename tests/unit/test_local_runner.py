@@ -271,3 +271,18 @@ def test_stop_all_kills_whole_process_groups_including_grandchildren(tmp_path):
         return state == "Z"  # killed, waiting for init to reap it
 
     assert _wait_for(gone, timeout=10)
+
+
+def test_cli_reports_a_bad_job_in_one_line_and_exits_2(tmp_path, capsys):
+    from asyncrl_workloads import cli
+
+    body = jobs.load_example("tiny-cpu.yaml")
+    body["spec"]["trainer"]["optimiser"] = {"lr": 1}  # misspelt field
+    job_file = tmp_path / "bad.yaml"
+    job_file.write_text(yaml.safe_dump(body))
+    assert cli.main(["run", str(job_file), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "spec.trainer.optimiser" in err
+    assert not (tmp_path / "run").exists()
+    assert cli.main(["plot", str(tmp_path / "run")]) == 2
+    assert "metrics.jsonl" in capsys.readouterr().err

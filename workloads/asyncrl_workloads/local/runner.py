@@ -133,18 +133,24 @@ class Supervisor:
         return None
 
     def stop_all(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM every process group at once (rollouts first), SIGKILL what is left after `grace`."""
-        ordered = sorted(self.children.values(), key=lambda c: c.name.endswith("trainer-0"))
-        for child in ordered:
-            child.signal(signal.SIGTERM)
+        """Stop like the kubelet: SIGTERM each pod's main process (not its helpers, e.g. vLLM's engine
+        core, which the main process shuts down itself), then SIGKILL each whole process group still
+        alive after `grace` seconds. Names the pods that needed the SIGKILL."""
+        children = list(self.children.values())
+        for child in children:
+            if child.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(
-            child.poll() is None or process.group_alive(child.pgid) for child in ordered
+            child.poll() is None or process.group_alive(child.pgid) for child in children
         ):
             time.sleep(0.1)
-        for child in ordered:
-            child.signal(signal.SIGKILL)  # survivors of the grace period (no-op for groups already gone)
-        for child in ordered:
+        late = [child.name for child in children if child.poll() is None or process.group_alive(child.pgid)]
+        if late:
+            self.say(f"asyncrl: {', '.join(late)} did not stop within {grace:.0f}s: killed")
+        for child in children:
+            child.signal(signal.SIGKILL)  # no-op for groups already gone
+        for child in children:
             child.stop(grace=5.0)  # reaps the leader
 
 
@@ -247,8 +253,8 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     out.say(f"asyncrl: metrics in {run_dir / 'metrics.jsonl'}; curves: asyncrl plot {run_dir}")
     if outcome == "failed":
         return 1
-    if reason["why"] == "SIGINT":
-        return 130
+    if reason["why"] in ("SIGINT", "SIGTERM"):
+        return 128 + int(signal.Signals[reason["why"]])  # the shell's convention: 130, 143
     return 0
 
 

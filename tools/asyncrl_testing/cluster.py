@@ -152,7 +152,7 @@ def _boot(c: Cluster, gpu_nodes: int, die_with_parent: bool) -> None:
         f"--client-ca-file={pki.ca_cert}", "--authorization-mode=RBAC",
         f"--service-account-issuer={SA_ISSUER}", f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}", f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--allow-privileged=true", "--profiling=false", f"--cert-dir={w / 'pki'}",
+        "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
     ], lambda: c.api("/readyz").status == 200, die_with_parent)
 
     for name, binary, extra in (
@@ -206,7 +206,7 @@ def start_cluster(workdir: pathlib.Path | str | None = None, gpu_nodes: int = 2,
     """
     bins = cluster_bins.find_binaries()
     owned = workdir is None
-    path = pathlib.Path(tempfile.mkdtemp(prefix="asyncrl-cluster-") if owned else workdir).resolve()
+    path = pathlib.Path(tempfile.mkdtemp(prefix="asyncrl-cluster-") if workdir is None else workdir).resolve()
     path.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     try:

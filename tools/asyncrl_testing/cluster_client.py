@@ -15,4 +15,4 @@ from asyncrl_testing import cluster
 
 def api_client(c: cluster.Cluster) -> Any:
     """A `kubernetes.client.ApiClient` for the admin user of `c` (close it when done)."""
-    return kubernetes.config.new_client_from_config(config_file=str(c.kubeconfig))
+    return kubernetes.config.new_client_from_config(config_file=str(c.kubeconfig))  # type: ignore[no-untyped-call]

@@ -67,8 +67,9 @@ class SamplingSpec(base.APIModel):
     """Nucleus sampling mass. 1.0 keeps behaviour logprobs exact for off-policy correction."""
     max_tokens: int = pydantic.Field(default=2048, ge=1, le=1_048_576)
     """Maximum response tokens per sample."""
-    n: int = pydantic.Field(default=8, ge=1, le=1024)
-    """Samples per prompt: the group size GRPO normalises advantages over."""
+    n: int = pydantic.Field(default=8, ge=1, le=1024, alias="samplesPerPrompt")
+    """Samples per prompt (vLLM's `n`): the group size GRPO normalises advantages over. Named
+    samplesPerPrompt in YAML because kubectl's YAML reader turns an unquoted key `n` into `false`."""
 
 
 class RolloutSpec(base.APIModel):

@@ -4,6 +4,7 @@ every knob (`kubectl explain asyncrljob.spec.async`)."""
 from __future__ import annotations
 
 import pathlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,3 +92,22 @@ def test_subresources_printer_columns_and_names() -> None:
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
     assert columns == ["PHASE", "STEP", "POLICY-VER", "LAG", "QUEUE", "ROLLOUT", "TRAINER", "AGE"]
     assert crd["spec"]["names"]["shortNames"] == ["arj"]
+
+
+class _Yaml11Loader(yaml.SafeLoader):
+    """Reads y/n/on/off as booleans, as kubectl's YAML reader (go-yaml v2) does."""
+
+    bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
+
+
+_Yaml11Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N|yes|no|on|off)$"), list("yYnNo")
+)
+
+
+def test_kubectl_reads_the_crd_and_examples_as_we_wrote_them() -> None:
+    assert yaml.load(COMMITTED.read_text(), Loader=_Yaml11Loader) == crdgen.build_crd()
+    for example in (REPO / "examples").glob("*.yaml"):
+        assert yaml.load(example.read_text(), Loader=_Yaml11Loader) == yaml.safe_load(example.read_text()), (
+            example
+        )

@@ -1,5 +1,5 @@
 """The local runner's pure parts: the operator's rendered pods as local processes, job loading, progress
-records and plots. (The runner running for real is tests/e2e/test_local_runner.py.)"""
+records and plots. (The runner running for real: tests/e2e/test_local_runner.py.)"""
 
 from __future__ import annotations
 

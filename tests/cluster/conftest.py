@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 from asyncrl_testing import cluster as cluster_mod
-from asyncrl_testing import cluster_bins, cluster_wait
+from asyncrl_testing import cluster_bins, cluster_process, cluster_wait
 
 T = TypeVar("T")
 _READY_KEY = pytest.StashKey[str]()
@@ -34,7 +35,11 @@ def cluster(
     except cluster_bins.MissingBinaries as exc:
         pytest.fail(str(exc), pytrace=False)
     gpu_nodes = int(os.environ.get("ASYNCRL_TEST_GPU_NODES", "2"))
-    with cluster_mod.start_cluster(tmp_path_factory.mktemp("cluster"), gpu_nodes=gpu_nodes) as c:
+    with contextlib.ExitStack() as stack:
+        try:
+            c = stack.enter_context(cluster_mod.start_cluster(tmp_path_factory.mktemp("cluster"), gpu_nodes))
+        except (cluster_process.ComponentNotReady, cluster_bins.MissingBinaries) as exc:
+            pytest.fail(f"test cluster did not start: {exc}", pytrace=False)
         steps = ", ".join(f"{name} {secs:.1f}s" for name, secs in c.timings.items())
         pytestconfig.stash[_READY_KEY] = (
             f"test cluster ready in {c.ready_seconds:.1f}s ({steps}); logs in {c.workdir}"

@@ -15,6 +15,7 @@ import textwrap
 import time
 from typing import Any
 
+import kubernetes
 import pytest
 from asyncrl_testing import cluster as cluster_mod
 from asyncrl_testing import cluster_bins, cluster_nodes, cluster_process, cluster_wait
@@ -75,6 +76,14 @@ def test_gpu_statefulset_runs_on_kwok_gpu_nodes_and_oversized_pod_is_unschedulab
     assert scheduled["status"] == "False"
     assert f"Insufficient {cluster_nodes.GPU_RESOURCE}" in scheduled["message"]
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+
+
+def test_python_client_factory_sees_the_gpu_nodes(cluster, kube_api):
+    nodes = kube_api(kubernetes.client.CoreV1Api).list_node(label_selector="type=kwok").items
+    assert sorted(node.metadata.name for node in nodes) == sorted(cluster.gpu_nodes)
+    for node in nodes:
+        assert node.status.allocatable[cluster_nodes.GPU_RESOURCE] == str(cluster_nodes.GPUS_PER_NODE)
+        assert node.metadata.labels[cluster_nodes.GPU_PRODUCT_LABEL] == cluster_nodes.GPU_PRODUCT
 
 
 def test_rbac_denies_a_service_account_without_rights(cluster, kubectl, namespace):

@@ -35,6 +35,8 @@ from asyncrl_testing import cluster_bins, cluster_http, cluster_nodes, cluster_p
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+BOOT_ATTEMPTS = 2
+PORT_TAKEN = "address already in use"
 READY_TIMEOUT_S = float(os.environ.get("ASYNCRL_CLUSTER_READY_TIMEOUT", "180"))
 
 
@@ -211,12 +213,21 @@ def start_cluster(workdir: pathlib.Path | str | None = None, gpu_nodes: int = 2,
     began = time.monotonic()
     try:
         pki = cluster_pki.make_pki(path / "pki")
-        server = f"https://127.0.0.1:{free_port()}"
         kubeconfig = path / "admin.kubeconfig"
-        cluster_pki.write_kubeconfig(kubeconfig, server, pki)
-        c = Cluster(workdir=path, bins=bins, pki=pki, server=server, kubeconfig=kubeconfig)
+        for attempt in range(1, BOOT_ATTEMPTS + 1):
+            server = f"https://127.0.0.1:{free_port()}"
+            cluster_pki.write_kubeconfig(kubeconfig, server, pki)
+            c = Cluster(workdir=path, bins=bins, pki=pki, server=server, kubeconfig=kubeconfig)
+            try:
+                _boot(c, gpu_nodes, die_with_parent)
+                break
+            except BaseException as exc:
+                c.stop()
+                shutil.rmtree(path / "etcd", ignore_errors=True)
+                # A free-picked port can be taken by someone else before the component binds it: retry.
+                if attempt == BOOT_ATTEMPTS or PORT_TAKEN not in str(exc):
+                    raise
         try:
-            _boot(c, gpu_nodes, die_with_parent)
             c.ready_seconds = time.monotonic() - began
             if not quiet:
                 print(f"asyncrl test cluster ready in {c.ready_seconds:.1f}s ({len(c.gpu_nodes)} GPU nodes); "

@@ -61,7 +61,7 @@ class Peer:
         for line in self.proc.stdout:
             self.events.put(json.loads(line))
 
-    def next_event(self, kind: str, timeout: float = 30.0) -> dict[str, object]:
+    def next_event(self, kind: str, timeout: float = 120.0) -> dict[str, object]:
         deadline = time.monotonic() + timeout
         while True:
             event = self.events.get(timeout=max(0.01, deadline - time.monotonic()))

@@ -30,16 +30,15 @@ _READY_KEY = pytest.StashKey[str]()
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[cluster_mod.Cluster]:
-    try:
-        cluster_bins.find_binaries()
-    except cluster_bins.MissingBinaries as exc:
-        pytest.fail(str(exc), pytrace=False)
     gpu_nodes = int(os.environ.get("ASYNCRL_TEST_GPU_NODES", "2"))
     with contextlib.ExitStack() as stack:
+        failure = None
         try:
             c = stack.enter_context(cluster_mod.start_cluster(tmp_path_factory.mktemp("cluster"), gpu_nodes))
         except (cluster_process.ComponentNotReady, cluster_bins.MissingBinaries) as exc:
-            pytest.fail(f"test cluster did not start: {exc}", pytrace=False)
+            failure = f"test cluster did not start: {exc}"
+        if failure is not None:  # outside the except block: one clear message, no chained traceback
+            pytest.fail(failure, pytrace=False)
         steps = ", ".join(f"{name} {secs:.1f}s" for name, secs in c.timings.items())
         pytestconfig.stash[_READY_KEY] = (
             f"test cluster ready in {c.ready_seconds:.1f}s ({steps}); logs in {c.workdir}"

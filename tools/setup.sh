@@ -16,6 +16,7 @@ if [ -z "$wheels" ]; then
 fi
 [ -n "$wheels" ] && ls "$wheels"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 \
   || die "torch 2.13.0+cpu wheel not found: set ASYNCRL_WHEELS to the folder holding torch-2.13.0+cpu-*.whl"
+for tool in openssl git; do command -v "$tool" >/dev/null || die "$tool is not installed (the test cluster's PKI uses the openssl CLI)"; done
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || die "python3 (>= 3.11) is not installed"
 py=$(command -v python3.11 || command -v python3)
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "python >= 3.11 required, found $("$py" --version)"

@@ -60,13 +60,15 @@ class Ledger:
     dropped_invalid: int = 0
     recent: list[tuple[int, float, list[str]]] = dataclasses.field(default_factory=list)
     """(step, unix time, ids trained or dropped), newest last; entries of the last `keep_steps` steps or
-    younger than `keep_seconds` (> the consumer's ack_wait) are kept, so any redelivery is recognised."""
+    younger than `keep_seconds` are kept. Only unacked messages come back, and the loop flushes its
+    acks (a server round trip) right after each step, so ids older than a few steps cannot be
+    redelivered; the window keeps the file small at high sample rates."""
     keep_steps: int = 16
-    keep_seconds: float = 1200.0
+    keep_seconds: float = 120.0
     _seen: set[str] = dataclasses.field(default_factory=set, repr=False)
 
     @classmethod
-    def load(cls, path: pathlib.Path | None, keep_seconds: float = 1200.0) -> Ledger:
+    def load(cls, path: pathlib.Path | None, keep_seconds: float = 120.0) -> Ledger:
         ledger = cls(path=path, keep_seconds=keep_seconds)
         if path is None or not path.exists():
             return ledger

@@ -38,6 +38,9 @@ from asyncrl_workloads.weightsync import checksum
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0
+CHECKSUM_MAX_BYTES = 256 << 20
+"""The trainer hashes the weights it sent (to compare with the rollouts' acks) only up to this size:
+sha256 of a 100 GB model on every sync would cost minutes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +216,7 @@ class Leader:
                 total_seconds=report.total_seconds,
                 nbytes=report.nbytes,
             )
-            if report.checksums:
+            if report.checksums and report.nbytes <= CHECKSUM_MAX_BYTES:
                 out["trainer_checksum"] = checksum.of(named)
             for replica, reason in report.dropped.items():
                 log.warning("weight sync v%d: rollout replica %s dropped: %s", state.version, replica, reason)

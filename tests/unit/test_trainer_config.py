@@ -131,3 +131,24 @@ def test_a_blocking_queue_smaller_than_one_step_is_refused(tmp_path):
         main.stream_settings(cfg)
     cfg.spec.async_.queue.max_size = 32
     assert main.stream_settings(cfg).max_size == 32
+
+
+def test_a_taken_weight_sync_port_is_one_clear_error(tmp_path):
+    from asyncrl_workloads.trainer import main
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = config.load(
+            write(
+                tmp_path,
+                tmp_path,
+                weightSync={"backend": "gloo", "timeoutSeconds": 2},
+                rollout={"gpusPerReplica": 0},
+                trainer={"gpusPerReplica": 0},
+            )
+        )
+        cfg.endpoints.weight_sync_port = port
+        with pytest.raises(main.StartupError, match=f"^endpoints.weightSyncPort: cannot host .* on {port}: "):
+            main.make_sender(cfg)

@@ -79,9 +79,17 @@ def make_sender(cfg: config_mod.JobConfig) -> Any:
     if ws.backend == "gloo":
         from asyncrl_workloads.weightsync import sender
 
-        return sender.GlooWeightSender(
-            port=cfg.endpoints.weight_sync_port, timeout_seconds=ws.timeout_seconds, bucket_mb=ws.bucket_mb
-        )
+        try:
+            return sender.GlooWeightSender(
+                port=cfg.endpoints.weight_sync_port,
+                timeout_seconds=ws.timeout_seconds,
+                bucket_mb=ws.bucket_mb,
+            )
+        except RuntimeError as exc:  # torch's TCPStore: port taken, no permission
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            port = cfg.endpoints.weight_sync_port
+            why = f"endpoints.weightSyncPort: cannot host the weight-sync store on {port}: {first}"
+            raise StartupError(why) from exc
     try:
         from asyncrl_workloads.weightsync import nccl  # type: ignore[attr-defined]
     except ImportError as exc:

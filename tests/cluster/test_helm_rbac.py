@@ -38,7 +38,9 @@ JOB = "math"
 
 
 def get(kubectl: Any, *args: str) -> Any:
-    return json.loads(kubectl("get", *args, "-o", "json").stdout)
+    """`kubectl get -o json` parsed; {} when --ignore-not-found found nothing."""
+    text = kubectl("get", *args, "-o", "json").stdout
+    return json.loads(text) if text.strip() else {}
 
 
 def can_i(kubectl: Any, verb: str, resource: str, *scope: str) -> str:

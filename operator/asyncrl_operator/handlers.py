@@ -43,6 +43,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = int(memo.get("workers", 8))
     settings.watching.server_timeout = 300
+    # No cluster-scoped discovery watches (CRDs, namespaces): the chart's RBAC grants nothing
+    # cluster-scoped beyond our own kinds, and its Deployment restarts the operator when the CRD
+    # changes, so resources found at startup (API discovery) are all the operator needs.
+    settings.scanning.disabled = True
     memo.client = apply.Client.from_environment()
     memo.resync_task = asyncio.create_task(_resync_forever(memo))
 

@@ -77,6 +77,15 @@ def test_full_workqueue_with_discard_old_keeps_the_newest(nats_server):
     assert payloads == ["5", "6", "7", "8", "9"]
 
 
+def test_nats_server_that_cannot_start_says_why_with_its_log(nats_server, tmp_path):
+    from asyncrl_workloads.local import natsserver
+
+    with pytest.raises(natsserver.NatsServerError) as failure:  # the fixture's server holds the port
+        natsserver.start(store_dir=tmp_path / "second", port=nats_server.port, timeout=10)
+    message = str(failure.value)
+    assert "nats-server exited with code" in message and "address already in use" in message.lower()
+
+
 # --- Prometheus ---------------------------------------------------------------------------------------
 
 def test_prometheus_scrapes_an_exporter_and_answers_instant_queries(prometheus, free_exporter):

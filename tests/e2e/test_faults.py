@@ -32,7 +32,7 @@ from asyncrl_workloads.local import natsserver, process
 
 pytestmark = pytest.mark.e2e
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TIMEOUT_S = 5
+TIMEOUT_S = 15  # generous: a loaded 2-core machine can take seconds to start a receive
 MAX_STEPS = 5000  # the tests stop the job long before; this only bounds a runaway
 RESTART_S = 480  # a vLLM engine starts in ~30 s on an idle 2-core machine, minutes on a busy one
 

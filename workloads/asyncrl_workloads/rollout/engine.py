@@ -142,8 +142,12 @@ class RolloutEngine:
         await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
 
     async def pause(self) -> None:
-        """Freeze in-flight requests (they continue, KV recomputed, under the next weights)."""
-        await self.llm.pause_generation(mode="keep", clear_cache=True)
+        """Freeze in-flight requests (they continue, KV recomputed, under the next weights).
+
+        ``clear_cache`` drops their KV so tokens after the switch are sampled from the new policy
+        exactly (stale KV would mix the two). Calls the engine core directly: ``pause_generation``
+        adds a 20 ms sleep that vLLM documents as not needed for correctness."""
+        await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
 
     async def resume(self) -> None:
         await self.llm.resume_generation()
@@ -161,15 +165,12 @@ class RolloutEngine:
 
     async def apply_prefetched(self, plan: base.Plan) -> str:
         """Load what ``prefetch`` received (generation must be paused); returns the checksum."""
-        await self.llm.start_weight_update()
-        info = {"plan": base.encode(plan).decode(), "prefetched": True}
-        await self.llm.update_weights(
-            WeightTransferUpdateRequest(update_info=info)
-        )  # raises: old weights kept
-        await self.llm.finish_weight_update(weight_version=str(plan.version))
+        results = await self.llm.collective_rpc(
+            "asyncrl_apply_prefetched", args=(base.encode(plan).decode(),)
+        )
+        await self.llm.update_weight_version(str(plan.version))
         self.version = plan.version
-        results = await self.llm.collective_rpc("asyncrl_last_update")
-        return ",".join(sorted({digest for _, digest in results}))
+        return ",".join(sorted(set(results)))
 
     async def update(self, plan: base.Plan, roster: base.Roster) -> str:
         """Receive and load ``plan.version`` (generation must be paused); returns the checksum of

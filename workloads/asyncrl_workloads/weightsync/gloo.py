@@ -20,8 +20,9 @@ reaches the caller, who keeps generating with the old version.
 Overlapped transfer: ``WorkerExtension.asyncrl_prefetch`` (a ``collective_rpc``) starts the
 receive in a worker thread and returns at once, so the engine keeps generating while the bytes
 arrive; the worker marks the round ``received`` in the trainer's store. Only then does the rollout
-pause, and ``update_weights({plan, prefetched: true})`` just reloads what was received: the pause
-per sync is the reload, not the transfer.
+pause, and one more RPC (``asyncrl_apply_prefetched``) just reloads what was received: the pause
+per sync is the reload, not the transfer. ``update_weights({plan, prefetched: true})`` does the same
+through vLLM's 3-call session, which costs two more round trips inside the pause.
 """
 
 from __future__ import annotations
@@ -120,31 +121,36 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
     def start_weight_update(self) -> None:
         """Nothing: the model stays usable until every byte has arrived (see module docstring)."""
 
+    def take_prefetched(self, plan: base.Plan) -> list[tuple[str, torch.Tensor]]:
+        """The tensors the background receive of ``plan`` got (waits for it; raises if it failed)."""
+        job = self.prefetch
+        if job is None or job.seq != plan.seq or not job.done.wait(plan.timeout_seconds):
+            raise RuntimeError(f"gloo weight transfer: nothing prefetched for round {plan.seq}")
+        self.prefetch = None
+        if job.error is not None:
+            raise RuntimeError(f"gloo weight transfer: prefetch of round {plan.seq} failed: {job.error}")
+        return job.tensors
+
+    def load(self, plan: base.Plan, tensors: list[tuple[str, torch.Tensor]]) -> str:
+        """Reload ``tensors`` in place (vLLM's layerwise reload); returns their checksum."""
+        t0 = time.monotonic()
+        inplace.reload_weights(self.vllm_config, self.model, iter(tensors), None, True)
+        self.last_checksum = checksum.of(tensors)
+        self.last_version = plan.version
+        log.info("gloo weight transfer v%d: %d tensors reloaded in %.1f ms", plan.version, len(tensors),
+                 1e3 * (time.monotonic() - t0))  # fmt: skip
+        return self.last_checksum
+
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.receiver is None:
             raise RuntimeError("gloo weight transfer: init_weight_transfer_engine was not called")
         plan = base.decode(update_info.plan.encode(), base.Plan)
-        t0 = time.monotonic()
         if update_info.prefetched:
-            job = self.prefetch
-            if job is None or job.seq != plan.seq or not job.done.wait(plan.timeout_seconds):
-                raise RuntimeError(f"gloo weight transfer: nothing prefetched for round {plan.seq}")
-            self.prefetch = None
-            if job.error is not None:
-                raise RuntimeError(f"gloo weight transfer: prefetch of round {plan.seq} failed: {job.error}")
-            tensors = job.tensors
+            tensors = self.take_prefetched(plan)
         else:
             roster = base.decode(update_info.roster.encode(), base.Roster)
             tensors = self.receiver.receive(plan, roster, self._worker_rank())
-        t1 = time.monotonic()
-        inplace.reload_weights(self.vllm_config, self.model, iter(tensors), None, True)
-        self.last_checksum = checksum.of(tensors)
-        self.last_version = plan.version
-        log.info(
-            "gloo weight transfer v%d: %d tensors %s in %.1f ms, reloaded in %.1f ms",
-            plan.version, len(tensors), "taken from prefetch" if update_info.prefetched else "received",
-            1e3 * (t1 - t0), 1e3 * (time.monotonic() - t1),
-        )  # fmt: skip
+        self.load(plan, tensors)
 
     def finish_weight_update(self) -> None:
         """Nothing: ``receive_weights`` already reloaded (and finalised) the layers."""
@@ -163,12 +169,22 @@ class WorkerExtension:
 
     def asyncrl_prefetch(self, plan: str, roster: str) -> None:
         """Start receiving a round in the background (returns at once; see ``start_prefetch``)."""
-        engine = getattr(self, "weight_transfer_engine", None)
-        if not isinstance(engine, GlooWeightTransferEngine):
-            raise RuntimeError("asyncrl_prefetch needs weight_transfer_config backend 'gloo'")
-        engine.start_prefetch(
+        self._gloo_engine().start_prefetch(
             base.decode(plan.encode(), base.Plan), base.decode(roster.encode(), base.Roster)
         )
+
+    def asyncrl_apply_prefetched(self, plan: str) -> str:
+        """Load what ``asyncrl_prefetch`` received, in one RPC (the rollout has paused generation,
+        so no step runs between this and the version change); returns the checksum."""
+        engine = self._gloo_engine()
+        decoded = base.decode(plan.encode(), base.Plan)
+        return engine.load(decoded, engine.take_prefetched(decoded))
+
+    def _gloo_engine(self) -> GlooWeightTransferEngine:
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, GlooWeightTransferEngine):
+            raise RuntimeError("asyncrl weight sync needs weight_transfer_config backend 'gloo'")
+        return engine
 
     def asyncrl_last_update(self) -> tuple[int, str]:
         """(version, checksum of the received tensors) of the last successful update."""

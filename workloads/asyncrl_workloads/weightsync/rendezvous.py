@@ -27,6 +27,8 @@ class DeadlineExceeded(TimeoutError):
 
 
 # ---- keys (all under PREFIX) -------------------------------------------------------------------
+TRAINER = PREFIX + "trainer"
+"""Incarnation of the trainer process hosting the store (a restarted trainer counts rounds anew)."""
 HELLO_SEQ = PREFIX + "hello_seq"
 PLAN_SEQ = PREFIX + "plan_seq"
 
@@ -86,6 +88,11 @@ def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
 def read_int(store: dist.Store, key: str) -> int:
     """An integer counter or 0 when the key does not exist yet."""
     return int(store.get(key)) if store.check([key]) else 0
+
+
+def read_str(store: dist.Store, key: str) -> str:
+    """A string value or "" when the key does not exist yet."""
+    return bytes(store.get(key)).decode() if store.check([key]) else ""
 
 
 def wait_keys(store: dist.Store, keys: Iterable[str], deadline: float) -> set[str]:

@@ -39,6 +39,7 @@ class ReplicaLink:
         self._store: dist.TCPStore | None = None
         self._seen_seq = 0
         self._hello_for_seq = -1
+        self._trainer = ""
         self.epoch = 0
         """Incremented on every (re)connection: the engine workers must reconnect too."""
 
@@ -54,7 +55,9 @@ class ReplicaLink:
                 raise TrainerUnreachable(
                     f"weight sync: trainer store {self.host}:{self.port}: {exc}"
                 ) from None
-            self._seen_seq = 0
+            trainer = rendezvous.read_str(self._store, rendezvous.TRAINER)
+            if trainer != self._trainer:  # a new trainer process: its rounds count from 1 again
+                self._trainer, self._seen_seq = trainer, 0
             self.epoch += 1
             self._announce()
         return self._store
@@ -68,6 +71,8 @@ class ReplicaLink:
     def _call(self, fn, *args):  # type: ignore[no-untyped-def]
         try:
             return fn(self._connected(), *args)
+        except (TransferFailed, rendezvous.DeadlineExceeded):
+            raise  # a failed round, not a lost store
         except (RuntimeError, OSError) as exc:  # the trainer went away: reconnect and say hello again
             self._store = None
             raise TrainerUnreachable(f"weight sync: lost the trainer store: {str(exc)[:120]}") from None

@@ -38,6 +38,7 @@ class GlooWeightSender(base.WeightSender):
         self.bucket_bytes = int(bucket_mb) << 20
         self.incarnation = uuid.uuid4().hex[:12]
         self.store = rendezvous.host_store(port, self.timeout)
+        self.store.set(rendezvous.TRAINER, self.incarnation)
         self._hello_cursor = 0
         self._registry: dict[int, base.Hello] = {}
         self._seq = 0

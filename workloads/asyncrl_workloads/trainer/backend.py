@@ -9,7 +9,8 @@ One step (GRPO/PPO over a step's groups, as in PPO's "old policy" scheme):
   1. advantages from rewards (loss.ADVANTAGES[algorithm.name]) over the whole step;
   2. proximal logprobs = the current policy before any update, without grad (skipped for correction none);
   3. for each of `updates` mini-batches: forward, loss.LOSSES[algorithm.correction], backward, clip
-     the gradient norm, optimizer step.
+     the gradient norm, optimizer step - skipped (and counted) when the norm is not finite, so one
+     bad batch cannot poison the weights every rollout then receives.
 Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM) in float32,
 log_softmax(logits / temperature), matching what the rollout engine sampled from.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -164,12 +166,13 @@ class FSDP2Backend(TrainerBackend):
             value, metrics = loss.LOSSES[s.correction](inputs, s.clip)
             (value * self.world.size).backward()  # FSDP2 averages gradients over ranks; undo to sum
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
-            self.optimizer.step()
+            norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            if math.isfinite(norm):  # the same global norm on every rank: all skip or all step
+                self.optimizer.step()
+            metrics["skipped_updates"] = 0.0 if math.isfinite(norm) else float(len(chunks))
             self.optimizer.zero_grad(set_to_none=True)
             metrics["loss"] = float(value.detach())
-            metrics["grad_norm"] = float(
-                grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            )
+            metrics["grad_norm"] = norm
             with torch.no_grad():
                 diff = ((prox - behaviour).abs() * mask).sum() / mask.sum().clamp(min=1.0)
             metrics["logprob_abs_diff"] = float(diff)

@@ -4,8 +4,8 @@ kopf handlers), one rule per thing it touches, each with its call sites. Keep in
 apply.py / reconcile.py / handlers.py; tests/cluster/test_helm_rbac.py proves the set sufficient (the
 operator reconciles a job with this ServiceAccount's token) and minimal (`kubectl auth can-i`).
 Deliberately absent: secrets, pods/exec|attach|portforward, deletecollection, escalate, bind,
-impersonate, any cluster-scoped resource (kopf's CRD and namespace watches degrade to a warning; the
-Deployment restarts the operator when the CRD changes instead).
+impersonate, any cluster-scoped resource (the operator turns off kopf's CRD/namespace discovery
+watches, settings.scanning.disabled; the Deployment restarts the operator when the CRD changes).
 */}}
 {{- define "asyncrl.rbacRules" -}}
 # kopf lists+watches jobs and patches its progress/diff-base annotations; reconcile.reconcile GETs a

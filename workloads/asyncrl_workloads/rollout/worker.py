@@ -261,6 +261,7 @@ class RolloutWorker:
                 await self._drain()
                 paused_at = time.monotonic()
                 await self.engine.pause()
+                self.m.preempted.inc(len(self._inflight))  # requests that continue under new weights
                 loaded = await self.engine.apply_prefetched(plan)
                 if loaded != received:
                     raise RuntimeError(f"loaded checksum {loaded} != received {received}")
@@ -268,6 +269,7 @@ class RolloutWorker:
                 await self._drain()
                 paused_at = time.monotonic()
                 await self.engine.pause()
+                self.m.preempted.inc(len(self._inflight))
                 await asyncio.to_thread(link.ready, plan)
                 roster = await asyncio.to_thread(link.roster, plan)
                 if not await self._in(roster, plan):

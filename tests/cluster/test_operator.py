@@ -49,12 +49,20 @@ def running_pods(
 
 
 def wait_phase(cluster: Any, namespace: str, job: str, phase: str, timeout: float = 90) -> Any:
-    return cluster_wait.wait_until(
-        lambda: job_status(cluster, namespace, job),
-        lambda st: st.get("phase") == phase,
-        f"{job} phase {phase}",
-        timeout=timeout,
-    )
+    try:
+        return cluster_wait.wait_until(
+            lambda: job_status(cluster, namespace, job),
+            lambda st: st.get("phase") == phase,
+            f"{job} phase {phase}",
+            timeout=timeout,
+        )
+    except cluster_wait.WaitTimeout as exc:
+        seen = cluster.kubectl("get", "arj,sts,pods", "-n", namespace, "-o", "wide", check=False).stdout
+        seen += cluster.kubectl("get", "nodes", check=False).stdout
+        seen += cluster.kubectl(
+            "get", "events", "-n", namespace, "--field-selector=type=Warning", check=False
+        ).stdout
+        raise cluster_wait.WaitTimeout(f"{exc}\n{seen}") from None
 
 
 def uids(items: list[Any]) -> dict[str, str]:
@@ -340,17 +348,29 @@ def test_step_not_advancing_sets_stalled(cluster, namespace, operator):
 
 
 def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace, operator):
-    for i in range(3):
-        apply(cluster, jobs.make_job(f"crash{i}", namespace))
-    time.sleep(0.3)
-    operator.kill()  # SIGKILL somewhere inside the first reconciles
+    names = [f"crash{i}" for i in range(6)]
+    cpu = {"rollout": {"gpusPerReplica": 0}, "trainer": {"gpusPerReplica": 0}}  # 6 jobs > the nodes' 16 GPUs
+    bodies = [json.dumps(jobs.make_job(n, namespace, **cpu)) for n in names]
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(bodies))
+    # SIGKILL as soon as the first child exists: the operator is then inside its first reconciles.
+    cluster_wait.wait_until(
+        lambda: get_json(cluster, CHILD_KINDS, "-n", namespace, "-l", "asyncrl.dev/job").get("items") or [],
+        lambda items: len(items) > 0,
+        "a first child",
+        timeout=30,
+        interval=0.05,
+    )
+    operator.kill()
+    at_kill = {n: len(children(cluster, namespace, n)) for n in names}
+    print("children per job when the operator was killed:", at_kill)
     operator.start()
-    for i in range(3):
-        wait_phase(cluster, namespace, f"crash{i}", "Running")
-        assert len(children(cluster, namespace, f"crash{i}")) == 11
-        running_pods(cluster, namespace, f"crash{i}", "trainer", 2)
-        running_pods(cluster, namespace, f"crash{i}", "rollout", 2)
-    sts = get_json(cluster, "statefulset", "crash0-trainer", "-n", namespace)
+    for name in names:
+        wait_phase(cluster, namespace, name, "Running")
+        assert len(children(cluster, namespace, name)) == 11
+        running_pods(cluster, namespace, name, "trainer", 2)
+        running_pods(cluster, namespace, name, "rollout", 2)
+    assert len(pods(cluster, namespace, "crash0")) == 5  # 2 trainer + 2 rollout + 1 nats, no strays
+    sts = get_json(cluster, "statefulset", "crash0-trainer", "-n", namespace, "--show-managed-fields")
     managers = {m["manager"] for m in sts["metadata"]["managedFields"] if m["operation"] == "Apply"}
     assert managers == {"asyncrl-operator"}
     generation = sts["metadata"]["generation"]

@@ -32,7 +32,14 @@ CRD = REPO / "crds" / "asyncrl.dev_asyncrljobs.yaml"
 
 def install_crd(c: cluster_mod.Cluster) -> None:
     c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    c.kubectl("wait", "--for=condition=Established", "crd/asyncrljobs.asyncrl.dev", "--timeout=60s")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # `kubectl wait` errors out while the CRD has no status yet
+        crd = get_json(c, "crd", "asyncrljobs.asyncrl.dev")
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        if any(x["type"] == "Established" and x["status"] == "True" for x in conditions):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the AsyncRLJob CRD was not Established within 60s")
 
 
 def _entry_point() -> list[str]:

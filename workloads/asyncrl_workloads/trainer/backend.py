@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -46,7 +47,10 @@ class TrainSettings:
 
 
 class TrainerBackend(abc.ABC):
-    """What the loop needs from a training backend."""
+    """What the loop needs from a training backend; built as `BACKENDS[name](settings, world)`."""
+
+    @abc.abstractmethod
+    def __init__(self, settings: TrainSettings, world: fsdp.World) -> None: ...
 
     @abc.abstractmethod
     def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
@@ -72,7 +76,7 @@ def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Ten
 
 class FSDP2Backend(TrainerBackend):
     def __init__(self, settings: TrainSettings, world: fsdp.World) -> None:
-        import transformers  # heavy; imported only when a backend is built
+        transformers: Any = importlib.import_module("transformers")  # heavy and untyped: only here
 
         transformers.utils.logging.disable_progress_bar()  # keep the pod log to log lines
 
@@ -164,7 +168,8 @@ class FSDP2Backend(TrainerBackend):
                 num_tokens=global_tokens,
             )
             value, metrics = loss.LOSSES[s.correction](inputs, s.clip)
-            (value * self.world.size).backward()  # FSDP2 averages gradients over ranks; undo to sum
+            # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum
+            (value * self.world.size).backward()  # type: ignore[no-untyped-call]
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
             norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             if math.isfinite(norm):  # the same global norm on every rank: all skip or all step

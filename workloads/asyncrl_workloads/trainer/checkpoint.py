@@ -165,7 +165,7 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         if self.world.size > 1:
             dist.barrier()
-        dcp.save(backend.state(), checkpoint_id=str(tmp))
+        dcp.save(backend.state(), checkpoint_id=str(tmp))  # type: ignore[attr-defined]
         if self.world.size > 1:
             dist.barrier()
         if self.world.is_main:
@@ -181,5 +181,5 @@ class Checkpointer:
     def load(self, directory: pathlib.Path, backend: backend_mod.TrainerBackend) -> None:
         """Collective: restore model, optimizer and scheduler state from `directory`."""
         state = backend.state()
-        dcp.load(state, checkpoint_id=str(directory))
+        dcp.load(state, checkpoint_id=str(directory))  # type: ignore[attr-defined]
         backend.load_state(state)

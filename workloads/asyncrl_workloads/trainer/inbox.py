@@ -64,7 +64,9 @@ class Inbox:
                 return []
             groups = self.batcher.take_batch()
             if groups is not None:
-                kept, stale, future = [], [], []
+                kept: list[Taken] = []
+                stale: list[jetstream.Received] = []
+                future: list[jetstream.Received] = []
                 for group in groups:
                     for traj, received in group:
                         verdict, lag = self.filter.judge(version, traj)

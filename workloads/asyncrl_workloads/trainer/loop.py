@@ -78,7 +78,8 @@ class Follower:
 
     def run(self, state: State) -> None:
         while True:
-            kind, payload = fsdp.broadcast_object(None, self.world)  # type: ignore[misc]
+            message: tuple[str, Any] = fsdp.broadcast_object(None, self.world)  # type: ignore[assignment]
+            kind, payload = message
             if kind == "stop":
                 return
             if kind == "sync":  # an out-of-band sync (after resume)

@@ -91,7 +91,7 @@ def make_sender(cfg: config_mod.JobConfig) -> Any:
             why = f"endpoints.weightSyncPort: cannot host the weight-sync store on {port}: {first}"
             raise StartupError(why) from exc
     try:
-        from asyncrl_workloads.weightsync import nccl  # type: ignore[attr-defined]
+        from asyncrl_workloads.weightsync import nccl
     except ImportError as exc:
         raise StartupError(
             f"spec.weightSync.backend: {ws.backend} sender is not available here ({exc})"

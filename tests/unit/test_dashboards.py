@@ -193,10 +193,16 @@ def exposed_series_names() -> set[str]:
     from asyncrl_operator import metrics as operator_metrics
     from asyncrl_workloads import metrics as workload_metrics
 
-    workload_metrics.bind(workload_metrics.Identity("ns", "job", "trainer", "0"))
-    text = b"".join(
-        prometheus_client.generate_latest(r) for r in (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
-    ).decode()
+    identity = ("test-dashboards", "job", "trainer", "0")
+    workload_metrics.bind(workload_metrics.Identity(*identity))
+    try:
+        registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
+        text = b"".join(prometheus_client.generate_latest(r) for r in registries).decode()
+    finally:  # leave the process-wide registry as found: drop the children bound above
+        for metric in vars(workload_metrics).values():
+            if isinstance(metric, prometheus_client.metrics.MetricWrapperBase):
+                for labels in [k for k in metric._metrics if k[: len(identity)] == identity]:
+                    metric.remove(*labels)
     return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.MULTILINE)}
 
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from asyncrl_workloads import metrics
 from asyncrl_workloads.bus import trajectory
 from asyncrl_workloads.tasks import say_char
@@ -64,7 +63,6 @@ class Scenario:
 
 async def _run(model_path: pathlib.Path) -> Scenario:
     import transformers
-
     from asyncrl_workloads.rollout import engine as engine_mod
     from asyncrl_workloads.rollout import worker as worker_mod
 

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-
 from asyncrl_workloads.weightsync import base, checksum, sender
 
 pytestmark = pytest.mark.dataplane
@@ -103,7 +102,7 @@ def peers(port: int) -> Iterator[list[Peer]]:
 def start_peers(port: int, peers: list[Peer], *replicas: int) -> None:
     for r in replicas:
         peers.append(Peer(port, r))
-    for p in peers[-len(replicas):]:
+    for p in peers[-len(replicas) :]:
         p.next_event("hello")
 
 
@@ -138,7 +137,7 @@ def test_buckets_follow_bucket_mb() -> None:
     assert base.plan_buckets(metas, 1) == tuple((i, i + 1) for i in range(5))  # big tensors go alone
 
 
-def test_killed_replica_is_dropped_and_a_restarted_one_joins_at_the_next_version(trainer, peers, port) -> None:
+def test_killed_replica_is_dropped_and_a_restarted_one_joins_next_version(trainer, peers, port) -> None:
     start_peers(port, peers, 0, 1)
     wait_members(trainer, {0, 1})
     first = trainer.sync(1, weights(1))

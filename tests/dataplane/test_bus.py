@@ -176,3 +176,38 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
     assert (intake.ledger.dropped_stale, intake.ledger.dropped_invalid) == (1, 1)
     assert state.messages == 0
     assert intake.ledger.acked_total == state.last_seq  # 8 trained + 1 stale + 1 invalid: all accounted
+
+
+def test_a_held_sample_discarded_by_the_server_is_not_counted_as_dropped(nats_server):
+    """The trainer pulled 3 samples (unacked); 3 more publishes push the first 3 out of a 3-message stream.
+    Those are not lost - the trainer trains and acks them - so only later, never-seen discards count."""
+
+    async def scenario():
+        nc, js = await _connect(nats_server.url)
+        settings = jetstream.StreamSettings("test", "held", max_size=3, when_full="dropOldest")
+        await jetstream.ensure_stream(js, settings)
+        pub = jetstream.Publisher(js, settings)
+        for i in range(3):
+            await pub.publish(make(i))
+        consumer = jetstream.Consumer(js, settings)
+        await consumer.open()
+        held = await consumer.fetch(3, 1.0)
+        for i in range(3, 6):
+            await pub.publish(make(i))
+        seqs = [r.stream_seq for r in held]
+        while_held = await consumer.state()
+        for r in held:  # trained, then acked (the server has discarded them already)
+            await r.msg.ack()
+        await nc.flush()
+        for i in range(6, 8):  # 2 more: discards seqs 4 and 5, which the trainer never saw
+            await pub.publish(make(i))
+        after = await consumer.state()
+        await nc.close()
+        return seqs, while_held, after
+
+    seqs, while_held, after = asyncio.run(scenario())
+    assert seqs == [1, 2, 3]
+    assert (while_held.first_seq, while_held.last_seq, while_held.messages) == (4, 6, 3)
+    assert jetstream.queue_full_drops(while_held, acked_total=0) == 3  # naive: would count the held ones
+    assert jetstream.queue_full_drops(while_held, acked_total=0, held_seqs=seqs) == 0
+    assert jetstream.queue_full_drops(after, acked_total=3) == 2

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import datetime
 import time
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import nats.errors
@@ -141,6 +142,8 @@ class Received:
     trajectory: trajectory_mod.Trajectory | None
     error: str | None
     deliveries: int
+    stream_seq: int = 0
+    """Sequence of the message in the stream (0 if unknown)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,14 +156,17 @@ class QueueState:
     oldest_age_s: float
 
 
-def queue_full_drops(state: QueueState, acked_total: int) -> int:
-    """Trajectories the server discarded (dropOldest) before the trainer acked them.
+def queue_full_drops(state: QueueState, acked_total: int, held_seqs: Iterable[int] = ()) -> int:
+    """Trajectories the server discarded (dropOldest) that the trainer never got to train.
 
     Every stored message (last_seq of them) is in the stream, was acked by the trainer, or was discarded
     by the max_msgs limit; `acked_total` must count every ack the trainer ever sent, across restarts
-    (the ledger persists it).
+    (the ledger persists it). A message the trainer holds unacked (`held_seqs`, its stream sequences)
+    and the server has discarded meanwhile (discard old removes from the head: seq < first_seq) is not
+    lost - it will be trained and acked - so it is not counted; the count never has to go down.
     """
-    return max(state.last_seq - state.messages - acked_total, 0)
+    held_discarded = sum(1 for seq in held_seqs if 0 < seq < state.first_seq)
+    return max(state.last_seq - state.messages - acked_total - held_discarded, 0)
 
 
 class Consumer:
@@ -200,11 +206,12 @@ class Consumer:
             return []
         out = []
         for msg in msgs:
-            deliveries = msg.metadata.num_delivered if msg.metadata else 1
+            meta = msg.metadata
+            deliveries, seq = (meta.num_delivered, meta.sequence.stream) if meta else (1, 0)
             try:
-                out.append(Received(msg, codec.decode_trajectory(msg.data), None, deliveries))
+                out.append(Received(msg, codec.decode_trajectory(msg.data), None, deliveries, seq))
             except codec.CodecError as exc:
-                out.append(Received(msg, None, str(exc), deliveries))
+                out.append(Received(msg, None, str(exc), deliveries, seq))
         return out
 
     async def state(self) -> QueueState:

@@ -71,6 +71,10 @@ class GroupBatcher(Generic[H]):
     def held(self) -> int:
         return sum(len(g.members) for g in self._groups.values())
 
+    def handles(self) -> list[H]:
+        """Handles of every held sample (the trainer's unacked messages)."""
+        return [h for g in self._groups.values() for _, h in g.members]
+
     def _ready_ids(self) -> list[str]:
         now = self._clock()
         for gid in [

@@ -237,7 +237,8 @@ class Leader:
         self.queue_depth = state.messages
         self.metrics.queue_depth.set(state.messages)
         self.metrics.queue_oldest_age.set(state.oldest_age_s)
-        dropped = jetstream.queue_full_drops(state, self.intake.ledger.acked_total)
+        held = [r.stream_seq for r in self.intake.batcher.handles()]
+        dropped = jetstream.queue_full_drops(state, self.intake.ledger.acked_total, held)
         if dropped > self.queue_full_reported:
             self.metrics.dropped["queue_full"].inc(dropped - self.queue_full_reported)
             self.queue_full_reported = dropped

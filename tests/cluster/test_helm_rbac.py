@@ -209,10 +209,7 @@ def test_operator_with_the_chart_token_reconciles_the_example_job(
     kubectl: Any, namespace: str, operator_as_sa: pathlib.Path
 ) -> None:
     storage_for_example(kubectl, namespace)
-    # Sent as JSON: kubectl's YAML reader turns the unquoted key `n` (spec.rollout.sampling.n) into
-    # "false" (YAML 1.1), a defect of the API's field name that tests/unit/test_chart_yaml.py reports.
-    example = yaml.safe_load((REPO / "examples" / "job.yaml").read_text())
-    kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(example))
+    kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "job.yaml"))  # as a user would
     children = [
         ("configmap", f"{JOB}-config"),
         ("serviceaccount", f"{JOB}-trainer"),

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -98,11 +97,9 @@ def on_job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> 
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)
-def on_statefulset_event(
-    event: kopf.RawEvent, labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
-) -> None:
+def on_statefulset_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-        reconcile.refresh_status(memo.client, namespace or "", labels[names.JOB])
+        reconcile.on_statefulset_event(memo.client, str(event.get("type")), dict(body))
 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)

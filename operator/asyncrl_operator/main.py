@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # kopf logs every handled event at INFO: costly at hundreds of events per second
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None

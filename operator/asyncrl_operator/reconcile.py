@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 _locks: collections.defaultdict[tuple[str, str], threading.Lock] = collections.defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
 _handled_failures: collections.OrderedDict[str, None] = collections.OrderedDict()
+_sts_cache: dict[tuple[str, str], Body | None] = {}
+"""Replica counts of our StatefulSets as last seen in watch events, so most events cost no API call."""
+_sts_guard = threading.Lock()
 _MAX_REMEMBERED = 4096
 
 
@@ -131,8 +134,40 @@ def _compute(job: models.AsyncRLJob, objects: dict[tuple[str, str], Body], now: 
     return new
 
 
+def _replica_snapshot(sts: Body) -> Body:
+    """The part of a StatefulSet that status.py reads."""
+    st = sts.get("status") or {}
+    return {"status": {"replicas": st.get("replicas") or 0, "readyReplicas": st.get("readyReplicas") or 0}}
+
+
+def on_statefulset_event(client: apply.Client, event_type: str, sts: Body) -> None:
+    """Refresh the owner's status when a child StatefulSet's replica counts changed (most events do not
+    change them: the cache of what was last seen filters those out without an API call)."""
+    meta = sts["metadata"]
+    job = (meta.get("labels") or {}).get(render.names.JOB)
+    if not job:
+        return
+    key = (meta.get("namespace", ""), meta["name"])
+    snapshot = None if event_type == "DELETED" else _replica_snapshot(sts)
+    with _sts_guard:
+        if key in _sts_cache and _sts_cache[key] == snapshot:
+            return
+        _sts_cache[key] = snapshot
+        if snapshot is None:
+            del _sts_cache[key]
+    refresh_status(client, key[0], job)
+
+
+def _cached_statefulset(client: apply.Client, namespace: str, name: str) -> Body | None:
+    with _sts_guard:
+        if (namespace, name) in _sts_cache:
+            return _sts_cache[(namespace, name)]
+    found = client.get("StatefulSet", namespace, name)
+    return None if found is None else _replica_snapshot(found)
+
+
 def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
-    """Recompute status from the current children without applying (reaction to a child's change)."""
+    """Recompute status from the children's last seen replica counts without applying."""
     with _lock(namespace, name):
         body = client.get(models.KIND, namespace, name)
         if body is None:
@@ -142,7 +177,7 @@ def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
             return
         names = render.names
         objects = {
-            ("StatefulSet", sts): client.get("StatefulSet", namespace, sts)
+            ("StatefulSet", sts): _cached_statefulset(client, namespace, sts)
             for sts in (names.trainer(name), names.rollout(name), names.nats(name))
         }
         found = {key: obj for key, obj in objects.items() if obj is not None}

@@ -52,6 +52,10 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _metric(text: str, name: str) -> float:
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0)
+
+
 def run(n_jobs: int, rate: float, running: bool, workdir: pathlib.Path) -> dict[str, Any]:
     with (
         cluster.start_cluster(workdir / "cluster", gpu_nodes=2) as c,
@@ -97,6 +101,8 @@ def run(n_jobs: int, rate: float, running: bool, workdir: pathlib.Path) -> dict[
             "max_s": round(latencies[-1], 3) if latencies else None,
             "operator_rss_before_mb": round(rss_start, 1),
             "operator_peak_rss_mb": round(_peak_rss_mb(op.proc.pid), 1) if op.proc else None,
+            "reconciles": _metric(op.metrics(), "asyncrl_operator_reconcile_seconds_count"),
+            "reconcile_seconds_sum": _metric(op.metrics(), "asyncrl_operator_reconcile_seconds_sum"),
         }
         api.close()
         return result

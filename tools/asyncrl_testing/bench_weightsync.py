@@ -18,7 +18,7 @@ the 1-minute load average; for the overlapped mode also ``p3_vs_serial_transfer`
 the serial mode's uncontended transfer).
 
 Measured 2026-11-29 on the shared 2-core machine (load 9-13): 104 MB model, overlapped pause
-259 ms / transfer 448 ms = 0.58 (0.58 vs 1.10 against the uncontended 235 ms transfer), serial
+259 ms / transfer 448 ms = 0.58 (1.10 against the uncontended 235 ms transfer), serial
 542 / 235 = 2.31; the 1.4 MB tiny model is dominated by fixed RPC costs (pause ~50 ms, transfer
 8-18 ms).
 """

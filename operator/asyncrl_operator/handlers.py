@@ -62,8 +62,10 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 async def _resync_forever(memo: kopf.Memo) -> None:
     interval = float(memo.get("resync_seconds", 30.0))
     namespaces: list[str | None] = list(memo.get("namespaces") or []) or [None]
-    while True:
-        await asyncio.sleep(interval)
+    while (
+        True
+    ):  # tick faster than the interval so each job comes due about `interval` after its last reconcile
+        await asyncio.sleep(max(1.0, interval / 4))
         for namespace in namespaces:
             try:
                 jobs = await asyncio.to_thread(memo.client.list_jobs, namespace)
@@ -72,6 +74,8 @@ async def _resync_forever(memo: kopf.Memo) -> None:
                 continue
             for body in jobs:
                 meta = body["metadata"]
+                if not reconcile.due_for_resync(meta["namespace"], meta["name"], interval):
+                    continue
                 try:
                     await asyncio.to_thread(reconcile.reconcile, memo.client, meta["namespace"], meta["name"])
                 except Exception:

@@ -13,6 +13,7 @@ import collections
 import datetime
 import logging
 import threading
+import time
 from typing import Any
 
 import pydantic
@@ -30,6 +31,7 @@ _handled_failures: collections.OrderedDict[str, None] = collections.OrderedDict(
 _sts_cache: dict[tuple[str, str], Body | None] = {}
 """Replica counts of our StatefulSets as last seen in watch events, so most events cost no API call."""
 _sts_guard = threading.Lock()
+_last_reconciled: dict[tuple[str, str], float] = {}
 _MAX_REMEMBERED = 4096
 
 
@@ -90,8 +92,16 @@ def _write_invalid(client: apply.Client, body: Body, why: str) -> None:
         log.warning("job %s/%s has an invalid spec: %s", meta["namespace"], meta["name"], why)
 
 
+def due_for_resync(namespace: str, name: str, interval: float) -> bool:
+    """Not reconciled for ``interval`` seconds (the resync loop skips the others, so re-applying
+    hundreds of jobs spreads out over time instead of starving new jobs in one burst)."""
+    last = _last_reconciled.get((namespace, name))
+    return last is None or time.monotonic() - last >= interval
+
+
 def reconcile(client: apply.Client, namespace: str, name: str) -> None:
     """Validate, apply every child, update status. Deletes the job when its TTL ran out."""
+    _last_reconciled[(namespace, name)] = time.monotonic()
     with _lock(namespace, name), metrics.reconcile_timer():
         body = client.get(models.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
@@ -105,6 +115,7 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
             log.info("deleting %s/%s: finished more than ttlSecondsAfterFinished ago", namespace, name)
             client.delete(models.KIND, namespace, name)
             metrics.forget(namespace, name)
+            _last_reconciled.pop((namespace, name), None)
             return
         applied: dict[tuple[str, str], Body] = {}
         for obj in render.render(job):

@@ -56,6 +56,11 @@ def _metric(text: str, name: str) -> float:
     return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0)
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100.0  # utime + stime, in clock ticks
+
+
 def run(n_jobs: int, rate: float, running: bool, workdir: pathlib.Path) -> dict[str, Any]:
     with (
         cluster.start_cluster(workdir / "cluster", gpu_nodes=2) as c,
@@ -101,6 +106,9 @@ def run(n_jobs: int, rate: float, running: bool, workdir: pathlib.Path) -> dict[
             "max_s": round(latencies[-1], 3) if latencies else None,
             "operator_rss_before_mb": round(rss_start, 1),
             "operator_peak_rss_mb": round(_peak_rss_mb(op.proc.pid), 1) if op.proc else None,
+            "operator_cpu_seconds": round(_cpu_seconds(op.proc.pid), 1) if op.proc else None,
+            "wall_seconds": round(time.monotonic() - begin, 1),
+            "load_average_1m": round(__import__("os").getloadavg()[0], 1),
             "reconciles": _metric(op.metrics(), "asyncrl_operator_reconcile_seconds_count"),
             "reconcile_seconds_sum": _metric(op.metrics(), "asyncrl_operator_reconcile_seconds_sum"),
         }

@@ -48,6 +48,12 @@ _NATS_RULES = (
         check=lambda n: n.managed != (n.url is not None),
     ),
     base.Rule(
+        cel="has(self.storage) == has(oldSelf.storage)"
+        " && (!has(self.storage) || self.storage == oldSelf.storage)",
+        message="bus.nats.storage is immutable (a StatefulSet's volumeClaimTemplates cannot change)",
+        field_path=".storage",
+    ),
+    base.Rule(
         cel="self.managed || !has(self.storage)",
         message="bus.nats.storage only applies to a managed NATS",
         field_path=".storage",

@@ -75,6 +75,7 @@ def test_over_long_name_is_rejected(cluster, namespace, operator):
     [
         ({"trainer": {"backend": "megatron"}}, "trainer.backend"),
         ({"model": {"path": "/models/other"}}, "model.path"),
+        ({"bus": {"nats": {"storage": "1Gi"}}}, "bus.nats.storage"),
     ],
 )
 def test_immutable_fields_cannot_change(cluster, namespace, operator, patch, field):

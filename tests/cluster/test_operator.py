@@ -268,7 +268,8 @@ def test_failed_rollout_pod_is_replaced_alone(cluster, namespace, operator):
 
 
 def test_suspend_scales_roles_to_zero_and_resume_brings_them_back(cluster, namespace, operator):
-    start_job(cluster, namespace)
+    bind_storage(cluster, namespace, "data")
+    start_job(cluster, namespace, volumes=[{"name": "data", "claimName": "data", "mountPath": "/data"}])
     nats_before = uids(running_pods(cluster, namespace, "demo", "nats", 1))
     cluster.kubectl(
         "patch", "asyncrljob", "demo", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
@@ -281,6 +282,7 @@ def test_suspend_scales_roles_to_zero_and_resume_brings_them_back(cluster, names
         timeout=60,
     )
     assert uids(running_pods(cluster, namespace, "demo", "nats", 1)) == nats_before  # the bus is kept
+    assert get_json(cluster, "pvc", "data", "-n", namespace)["status"]["phase"] == "Bound"  # volumes are kept
     cluster.kubectl(
         "patch", "asyncrljob", "demo", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
     )

@@ -172,18 +172,22 @@ class RolloutWorker:
             completions = await self.engine.generate(prompt_ids, params)
             key = f"{self.incarnation}.{index}"
             group_id = f"{self.s.job}:r{self.s.replica}:{key}"
+            # Score first, publish after: group_size must count only the samples that are published,
+            # or the trainer waits for a group member that never comes (an empty completion, a reward
+            # function that raised).
+            kept: list[tuple[int, Any, float]] = []
             for i, c in enumerate(completions):
                 if not c.token_ids:
                     continue
                 try:
-                    reward = reward_loader.score(self.reward_fn, record, c.text)
+                    kept.append((i, c, reward_loader.score(self.reward_fn, record, c.text)))
                 except Exception:  # a buggy reward skips the sample, not the replica
                     log.exception("reward function failed on group %d sample %d; sample skipped", index, i)
-                    continue
+            for j, (i, c, reward) in enumerate(kept):  # sample_index counts kept samples (< group_size)
                 traj = trajectory_mod.Trajectory(
                     id=trajectory_mod.trajectory_id(self.s.job, self.s.replica, key, i),
-                    job=self.s.job, replica=self.s.replica, group_id=group_id, group_size=len(completions),
-                    sample_index=i, prompt_ids=list(prompt_ids), response_ids=c.token_ids,
+                    job=self.s.job, replica=self.s.replica, group_id=group_id, group_size=len(kept),
+                    sample_index=j, prompt_ids=list(prompt_ids), response_ids=c.token_ids,
                     behaviour_logprobs=c.logprobs, versions=c.versions, mask=[1] * len(c.token_ids),
                     reward=reward, created_at=time.time(),
                 )  # fmt: skip

@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 from asyncrl_workloads.weightsync import base, rendezvous
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class TrainerUnreachable(ConnectionError):
@@ -68,7 +71,7 @@ class ReplicaLink:
         self._store.set(rendezvous.hello_key(n), base.encode(self.hello))
         log.info("weight sync: replica %d said hello (incarnation %s)", self.replica, self.incarnation)
 
-    def _call(self, fn, *args):  # type: ignore[no-untyped-def]
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return fn(self._connected(), *args)
         except (TransferFailed, rendezvous.DeadlineExceeded):
@@ -91,7 +94,7 @@ class ReplicaLink:
                 self._announce()
             return plan
 
-        return self._call(_poll)  # type: ignore[no-any-return]
+        return self._call(_poll)
 
     def rejoin(self) -> None:
         """After a failed round: ask to be taken into the next one."""
@@ -108,7 +111,7 @@ class ReplicaLink:
             data = rendezvous.get_by(store, rendezvous.roster_key(plan.seq), deadline)
             return base.decode(data, base.Roster)  # type: ignore[no-any-return]
 
-        return self._call(_roster)  # type: ignore[no-any-return]
+        return self._call(_roster)
 
     def wait_received(self, plan: base.Plan) -> str:
         """Wait until every engine worker of this replica has received ``plan`` in the background;
@@ -124,7 +127,7 @@ class ReplicaLink:
             return outcomes.pop()
 
         try:
-            return self._call(_wait)  # type: ignore[no-any-return]
+            return self._call(_wait)
         except rendezvous.DeadlineExceeded as exc:
             raise TransferFailed(str(exc)) from None
 

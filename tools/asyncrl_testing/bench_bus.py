@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--response-tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=pathlib.Path, help="also write the result object here")
     args = parser.parse_args()
     trajs = [make(i, args.prompt_tokens, args.response_tokens) for i in range(args.count)]
     payloads = [codec.encode_trajectory(t) for t in trajs]
@@ -129,6 +130,8 @@ def main() -> None:
         "cpus": os.cpu_count(),
     }
     print(json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
     print(
         f"| P4 bus: asyncrl ÷ raw nats-py (publish+fetch+ack, {result['payload_bytes']} B) "
         f"| {result['asyncrl_per_s']}/s ÷ {result['raw_per_s']}/s = **{result['ratio']}** | ≥ 0.8 |"

@@ -121,9 +121,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rate", type=float, default=10.0, help="jobs created per second (0: one burst)")
     parser.add_argument("--running", action="store_true", help="running jobs (pods), not suspended")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the result object here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
-        print(json.dumps(run(args.jobs, args.rate, args.running, pathlib.Path(tmp)), indent=2))
+        result = run(args.jobs, args.rate, args.running, pathlib.Path(tmp))
+        print(json.dumps(result, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
     return 0
 
 

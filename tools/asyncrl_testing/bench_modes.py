@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ NS = "bench"
 
 def spec_for(
     model: pathlib.Path, ckpt: pathlib.Path, mode: str, staleness: int | None, max_tokens: int
-) -> dict:
+) -> dict[str, Any]:
     return jobs.deep_merge(jobs.BASE_SPEC, {
         "model": {"path": str(model)}, "mode": mode,
         "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True, "maxInflightPrompts": 16,
@@ -69,7 +70,7 @@ def spec_for(
     })  # fmt: skip
 
 
-def write_config(work: pathlib.Path, job: str, spec: dict, nats_url: str) -> pathlib.Path:
+def write_config(work: pathlib.Path, job: str, spec: dict[str, Any], nats_url: str) -> pathlib.Path:
     from asyncrl_workloads.local import process
 
     cfg = config.JobConfig(name=job, namespace=NS, spec=spec, endpoints=config.Endpoints(
@@ -187,7 +188,7 @@ def window_rate(steps: list[dict[str, Any]], start: float, end: float) -> dict[s
     }
 
 
-def wait_until(cond, procs: list[Proc], timeout: float, what: str) -> None:
+def wait_until(cond: Callable[[], bool], procs: list[Proc], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         for p in procs:
@@ -212,7 +213,8 @@ def sample_lengths(url: str, job: str, count: int = 400) -> dict[str, Any]:
         out = []
         for seq in range(first, last + 1, stride):
             msg = await js.get_msg(stream, seq)
-            out.append(len(codec.decode_trajectory(msg.data).response_ids))
+            if msg.data:
+                out.append(len(codec.decode_trajectory(msg.data).response_ids))
         await nc.close()
         return out
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import os
 import pathlib
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+
+from asyncrl_workloads.local import process
 
 PR_SET_PDEATHSIG = 1
 LOG_TAIL_LINES = 30
@@ -87,28 +88,13 @@ class Component:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after `grace` seconds."""
-        if self.process.returncode is not None and not _group_alive(self.pgid):
+        if self.process.returncode is not None and not process.group_alive(self.pgid):
             return
-        _signal_group(self.pgid, signal.SIGTERM)
+        process.signal_group(self.pgid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=grace)
-        _signal_group(self.pgid, signal.SIGKILL)
+        process.signal_group(self.pgid, signal.SIGKILL)
         try:
             self.process.wait(timeout=grace)
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"{self.name} (pid {self.process.pid}) survived SIGKILL") from exc
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -11,16 +11,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pathlib
 import sys
 
-import pydantic
 from asyncrl_api import config as config_mod
+
+from asyncrl_workloads.entrypoints import common
 
 
 def _fail(code: int, message: str) -> int:
-    print(f"asyncrl-rollout: {message}", file=sys.stderr)
-    return code
+    return common.fail("asyncrl-rollout", code, message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=config_mod.MOUNT_PATH, help="rendered job config (job.json)")
     args = parser.parse_args(argv)
     try:
-        cfg = config_mod.load(args.config)
-    except OSError as exc:
-        return _fail(2, f"--config: cannot read {args.config}: {exc.strerror}")
-    except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        return _fail(2, f"{args.config}: {'.'.join(map(str, err['loc']))}: {err['msg']}")
+        cfg = common.load_config(args.config)
+    except common.Refused as exc:
+        return _fail(exc.code, str(exc))
     try:
         replica = int(os.environ.get("ASYNCRL_REPLICA", "0"))
     except ValueError:
@@ -42,9 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl_workloads.tasks import source
 
     spec = cfg.spec
-    model = pathlib.Path(spec.model.path)
-    if not (model / "config.json").is_file() and spec.model.create is None:
-        return _fail(2, f"spec.model.path: no model at {model} (config.json missing)")
     try:
         reward_fn = loader.resolve(spec.reward.function, spec.data.prompts)
         records = source.load_prompts(spec.data.prompts, spec.data.prompt_key)

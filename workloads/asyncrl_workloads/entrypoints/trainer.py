@@ -11,18 +11,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pathlib
 import socket
 import sys
 import urllib.parse
 
-import pydantic
 from asyncrl_api import config as config_mod
+
+from asyncrl_workloads.entrypoints import common
 
 
 def _fail(code: int, message: str) -> int:
-    print(f"asyncrl-trainer: {message}", file=sys.stderr)
-    return code
+    return common.fail("asyncrl-trainer", code, message)
 
 
 def _reachable(url: str, timeout_s: float = 5.0) -> str | None:
@@ -40,15 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=config_mod.MOUNT_PATH, help="rendered job config (job.json)")
     args = parser.parse_args(argv)
     try:
-        cfg = config_mod.load(args.config)
-    except OSError as exc:
-        return _fail(2, f"--config: cannot read {args.config}: {exc.strerror}")
-    except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        return _fail(2, f"{args.config}: {'.'.join(map(str, err['loc']))}: {err['msg']}")
-    model = pathlib.Path(cfg.spec.model.path)
-    if not (model / "config.json").is_file() and cfg.spec.model.create is None:
-        return _fail(2, f"spec.model.path: no model at {model} (config.json missing)")
+        cfg = common.load_config(args.config)
+    except common.Refused as exc:
+        return _fail(exc.code, str(exc))
     if os.environ.get("RANK", "0") == "0":  # only rank 0 talks to NATS; fail before loading torch
         why = _reachable(cfg.endpoints.nats_url)
         if why is not None:

@@ -1,0 +1,40 @@
+"""What every pod entry point does before importing heavy code: read the rendered job config and
+check that the model it names is there. Called by entrypoints/rollout.py and entrypoints/trainer.py.
+
+Failures are `Refused(code, message)`: the entry point prints one line and exits with `code`
+(2 for bad configuration, 1 for a startup failure).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pydantic
+from asyncrl_api import config as config_mod
+
+
+class Refused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(prog: str, code: int, message: str) -> int:
+    print(f"{prog}: {message}", file=sys.stderr)
+    return code
+
+
+def load_config(path: str) -> config_mod.JobConfig:
+    """The rendered job config, with a model present or to be created (else Refused, exit 2)."""
+    try:
+        cfg = config_mod.load(path)
+    except OSError as exc:
+        raise Refused(2, f"--config: cannot read {path}: {exc.strerror}") from None
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        raise Refused(2, f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    model = pathlib.Path(cfg.spec.model.path)
+    if not (model / "config.json").is_file() and cfg.spec.model.create is None:
+        raise Refused(2, f"spec.model.path: no model at {model} (config.json missing)")
+    return cfg

@@ -122,3 +122,28 @@ def readiness_probe() -> dict[str, Any]:
 def command(entry_point: str) -> list[str]:
     """A workload console script reading the mounted config."""
     return [entry_point, "--config", config.MOUNT_PATH]
+
+
+def statefulset(
+    job: models.AsyncRLJob, role: str, service: str, replicas: int, config_hash: str, pod_spec: dict[str, Any]
+) -> dict[str, Any]:
+    """A role's StatefulSet: parallel pod management (a gang starts together), the headless Service
+    `service` for stable DNS, and the config hash on the template so a config change rolls the pods."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": names.metadata(job, service, role),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": service,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": names.selector(job.metadata.name, role)},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels(job, role),
+                    "annotations": {names.CONFIG_HASH: config_hash},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

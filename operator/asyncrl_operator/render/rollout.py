@@ -41,21 +41,5 @@ def render_rollout_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict
         "terminationGracePeriodSeconds": 30,
         **pods.scheduling(job, spec.node_selector, spec.tolerations),
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": names.metadata(job, names.rollout(name), names.ROLLOUT),
-        "spec": {
-            "replicas": desired_replicas(job),
-            "serviceName": names.rollout(name),
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": names.selector(name, names.ROLLOUT)},
-            "template": {
-                "metadata": {
-                    "labels": pods.pod_labels(job, names.ROLLOUT),
-                    "annotations": {names.CONFIG_HASH: config_hash},
-                },
-                "spec": pod_spec,
-            },
-        },
-    }
+    replicas = desired_replicas(job)
+    return pods.statefulset(job, names.ROLLOUT, names.rollout(name), replicas, config_hash, pod_spec)

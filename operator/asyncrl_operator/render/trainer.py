@@ -88,21 +88,5 @@ def render_trainer_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict
         "terminationGracePeriodSeconds": 60,
         **pods.scheduling(job, spec.node_selector, spec.tolerations),
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": names.metadata(job, names.trainer(name), names.TRAINER),
-        "spec": {
-            "replicas": desired_replicas(job),
-            "serviceName": names.trainer(name),
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": names.selector(name, names.TRAINER)},
-            "template": {
-                "metadata": {
-                    "labels": pods.pod_labels(job, names.TRAINER),
-                    "annotations": {names.CONFIG_HASH: config_hash},
-                },
-                "spec": pod_spec,
-            },
-        },
-    }
+    replicas = desired_replicas(job)
+    return pods.statefulset(job, names.TRAINER, names.trainer(name), replicas, config_hash, pod_spec)

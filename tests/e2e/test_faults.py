@@ -113,6 +113,21 @@ class Job:
             time.sleep(0.5)
         raise AssertionError(f"timed out waiting for {what}; last steps: {self.steps()[-3:]}")
 
+    def wait_until_generating(self, names: tuple[str, ...], timeout: float) -> None:
+        """Readiness: each rollout logs "generating" once its vLLM engine has started."""
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            for name in list(pending):
+                assert self.procs[name].poll() is None, f"{name} exited: {self.log(name)[-3000:]}"
+                if "generating (incarnation" in self.log(name):
+                    pending.remove(name)
+            assert time.monotonic() < deadline, f"{pending} not generating after {timeout} s"
+            time.sleep(0.5)
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -130,9 +145,12 @@ class Job:
 def job(tmp_path: pathlib.Path) -> Iterator[Job]:
     j = Job(tmp_path)
     try:
-        j.start("trainer")
+        # Rollouts first, trainer once both engines are up: on 2 cores a trainer fed by the first
+        # engine races through steps and starves the second engine's start for many minutes.
         j.start("rollout-0", 0)
         j.start("rollout-1", 1)
+        j.wait_until_generating(("rollout-0", "rollout-1"), timeout=RESTART_S)
+        j.start("trainer")
         yield j
     finally:
         j.stop()

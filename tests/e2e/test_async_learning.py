@@ -9,6 +9,7 @@ job.json`, identity from env). Checked at the end:
 - conservation: produced (the rollouts' own counters) = consumed + dropped (stale, invalid, queue
   full) + still in the stream, with consumed/dropped from the trainer's ledger and the stream state
   from the server, taken at a moment when no rollout published in between;
+- both replicas: samples of each were trained, and both took part in at least half of the syncs;
 - weights: after every sync each rollout acked a checksum equal to the trainer's, and the logprobs
   vLLM reported for samples of the trainer's current version equal the trainer's own (so the
   engine really runs the trainer's weights, not just received them).
@@ -162,6 +163,7 @@ def run_job(tmp_path: pathlib.Path, mode: str, steps: int, max_staleness: int | 
                     "ASYNCRL_ROLE": "rollout",
                     "ASYNCRL_REPLICA": str(r),
                     "ASYNCRL_METRICS_PORT": str(ports[f"rollout-{r}"]),
+                    **process.engine_core_env(r),  # a core each, as pods get their own CPUs
                 },
             )
         deadline = time.monotonic() + 840
@@ -233,6 +235,12 @@ def test_async_grpo_learns_with_bounded_staleness_and_consistent_accounting(tmp_
     )
     assert ledger.consumed_total == sum(len(s["ids"]) for s in steps)
     assert len({i for s in steps for i in s["ids"]}) == ledger.consumed_total  # nothing trained twice
+
+    # both replicas did real work: each one's samples were trained, each one took part in syncs
+    trained_from = {int(i.split(":")[1].removeprefix("r")) for s in steps for i in s["ids"]}
+    assert trained_from == {0, 1}, trained_from
+    synced = [set(s["sync"].get("members", [])) for s in steps if s["sync"]]
+    assert sum(members == {0, 1} for members in synced) >= STEPS // 2, synced
 
     # the rollouts run the trainer's weights after a sync
     syncs = [s["sync"] for s in steps if s["sync"] and s["sync"].get("checksums")]

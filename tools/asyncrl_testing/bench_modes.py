@@ -14,7 +14,11 @@ job.json``, identity from env) against one embedded nats-server, in four phases:
     The window ends when the queue runs dry, so the pre-fill bounds how many steps are measured.
 (c) async (maxStaleness 2) and (d) sync (maxStaleness 0): both processes; consumed/s from the step log.
 
-Everything else is the same spec in every phase. P1 = c / min(a, b) (goal >= 0.95), P2 = c / d.
+Everything else is the same spec in every phase. The trainer's lr defaults to 1e-12: the policy is
+held still, so every phase samples the same (long-tailed) length distribution — with a learning policy
+the lengths drift during (c) and (d) and samples/s stops comparing like with like. Every step, broadcast,
+reload and KV recompute still runs. ``--lr 1e-3`` measures a learning run.
+P1 = c / min(a, b) (goal >= 0.95), P2 = c / d.
 Pinning: the rollout's process group on ``--rollout-core`` (sched_setaffinity before exec, and vLLM's own
 VLLM_CPU_OMP_THREADS_BIND set to that core), the trainer on ``--trainer-core``; nats-server and this
 driver are not pinned. The affinity of every thread of each process group is read back from /proc and
@@ -57,16 +61,17 @@ in-flight long samples after a weight reload) crashes the engine (``gpu_model_ru
 
 
 def spec_for(
-    model: pathlib.Path, ckpt: pathlib.Path, mode: str, staleness: int | None, max_tokens: int
+    model: pathlib.Path, ckpt: pathlib.Path, mode: str, staleness: int | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     return jobs.deep_merge(jobs.BASE_SPEC, {
         "model": {"path": str(model)}, "mode": mode,
         "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True, "maxInflightPrompts": 16,
-                    "sampling": {"n": 8, "maxTokens": max_tokens, "temperature": 1.0},
+                    "sampling": {"n": 8, "maxTokens": args.max_tokens, "temperature": 1.0},
                     "engine": {"maxModelLen": 512, "enforceEager": True, "args": ENGINE_ARGS}},
-        "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": 16, "miniBatches": 2},
-                    "optimizer": {"lr": 1e-3}, "checkpoint": {"path": str(ckpt), "everySteps": 0}},
-        "async": {"maxStaleness": staleness, "syncEverySteps": 1,
+        "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": args.prompts, "miniBatches": 2},
+                    "optimizer": {"lr": args.lr}, "checkpoint": {"path": str(ckpt), "everySteps": 0}},
+        "async": {"maxStaleness": args.staleness if staleness is None and mode == "async" else staleness,
+                  "syncEverySteps": 1,
                   "queue": {"maxSize": 200_000, "whenFull": "dropOldest"}},
         "weightSync": {"backend": "gloo", "timeoutSeconds": 30},
         "data": {"prompts": "builtin:say_char"}, "maxSteps": 1_000_000,
@@ -254,7 +259,7 @@ class Bench:
         self.affinity: dict[str, list[str]] = {}
 
     def config(self, job: str, mode: str, staleness: int | None) -> pathlib.Path:
-        spec = spec_for(self.model, self.work / f"ckpt-{job}-{mode}", mode, staleness, self.a.max_tokens)
+        spec = spec_for(self.model, self.work / f"ckpt-{job}-{mode}", mode, staleness, self.a)
         return write_config(self.work, job, spec, self.url)
 
     def rollout_only(self) -> dict[str, Any]:
@@ -358,6 +363,12 @@ def main() -> int:
     parser.add_argument("--measure", type=float, default=60.0, help="seconds measured per phase")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds after the first sample/step")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--prompts", type=int, default=16, help="trainer batch.prompts (groups per step)")
+    parser.add_argument("--staleness", type=int, default=2, help="maxStaleness of the async phase")
+    parser.add_argument(
+        "--lr", type=float, default=1e-12,
+        help="trainer lr; the default holds the policy still so every phase samples the same lengths",
+    )  # fmt: skip
     parser.add_argument("--rollout-core", type=int, default=1)
     parser.add_argument("--trainer-core", type=int, default=0)
     parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
@@ -410,7 +421,8 @@ def main() -> int:
         "pinning": pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),
         "affinity": bench.affinity,
         "settings": {"measure_s": args.measure, "warmup_s": args.warmup, "max_tokens": args.max_tokens,
-                     "n": 8, "batch_prompts": 16, "max_inflight_prompts": 16, "rollout_replicas": 1,
+                     "n": 8, "batch_prompts": args.prompts, "max_inflight_prompts": 16,
+                     "async_max_staleness": args.staleness, "lr": args.lr, "rollout_replicas": 1,
                      "trainer_replicas": 1, "model": "tiny (2 layers, hidden 128, random init)"},
         "load_avg_start": [round(x, 2) for x in load], "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(), "wall_s": round(time.monotonic() - t_begin, 1),

@@ -166,6 +166,8 @@ def scrape(port: int, names: tuple[str, ...]) -> dict[str, float]:
 
 
 PRODUCED, TOKENS = "asyncrl_trajectories_produced_total", "asyncrl_tokens_generated_total"
+PAUSE_SUM, PAUSE_COUNT = "asyncrl_rollout_pause_seconds_sum", "asyncrl_rollout_pause_seconds_count"
+ROLLOUT = (PRODUCED, TOKENS, PAUSE_SUM, PAUSE_COUNT)
 
 
 def read_steps(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -281,6 +283,7 @@ class Bench:
             "samples": int(produced),
             "seconds": round(t1 - t0, 1),
             "mean_response_tokens": round((m1[TOKENS] - m0[TOKENS]) / max(produced, 1), 1),
+            "tokens_per_s": round((m1[TOKENS] - m0[TOKENS]) / (t1 - t0), 1),
             "prefill_for_b": int(m1[PRODUCED]),
         }
 
@@ -315,17 +318,17 @@ class Bench:
         log = self.work / f"{mode}-steps.jsonl"
         tr = Proc(f"{mode}-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
                   trainer_env(self.work, mode, tport), self.tcore)  # fmt: skip
-        roll = Proc(f"{mode}-rollout", "asyncrl_workloads.entrypoints.rollout", cfg, self.work,
+        roll = Proc(f"{mode}-rollout", self.a.rollout_module, cfg, self.work,
                     rollout_env(rport), self.rcore)  # fmt: skip
         try:
             wait_until(lambda: len(read_steps(log)) >= 1, [tr, roll], 400, "the trainer's first step")
             start = read_steps(log)[0]["time"] + self.a.warmup
             wait_until(lambda: time.time() >= start, [tr, roll], self.a.warmup + 5, "warm-up")
-            m0 = scrape(rport, (PRODUCED, TOKENS))
+            m0 = scrape(rport, ROLLOUT)
             wait_until(
                 lambda: time.time() >= start + self.a.measure, [tr, roll], self.a.measure + 5, "window"
             )
-            m1 = scrape(rport, (PRODUCED, TOKENS))
+            m1 = scrape(rport, ROLLOUT)
             self.affinity[f"{mode}-rollout"], self.affinity[f"{mode}-trainer"] = (
                 roll.affinity(),
                 tr.affinity(),
@@ -337,6 +340,10 @@ class Bench:
         produced = m1[PRODUCED] - m0[PRODUCED]
         out["produced_per_s"] = round(produced / self.a.measure, 2)
         out["mean_response_tokens"] = round((m1[TOKENS] - m0[TOKENS]) / max(produced, 1), 1)
+        out["tokens_per_s"] = round((m1[TOKENS] - m0[TOKENS]) / self.a.measure, 1)
+        pauses = m1[PAUSE_COUNT] - m0[PAUSE_COUNT]
+        out["pauses"] = int(pauses)
+        out["pause_s_mean"] = round((m1[PAUSE_SUM] - m0[PAUSE_SUM]) / pauses, 4) if pauses else None
         return out
 
 
@@ -373,6 +380,13 @@ def main() -> int:
     parser.add_argument("--trainer-core", type=int, default=0)
     parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
     parser.add_argument("--keep", type=pathlib.Path, help="work dir to keep (logs, step logs, configs)")
+    parser.add_argument(
+        "--phases", default="rollout_only,trainer_only,async,sync", help="comma-separated subset to run"
+    )
+    parser.add_argument(
+        "--rollout-module", default="asyncrl_workloads.entrypoints.rollout",
+        help="the rollout entry point of phases (c)/(d) (experiments: a module on PYTHONPATH)",
+    )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="write and validate the configs, run nothing")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -401,17 +415,21 @@ def main() -> int:
         with natsserver.start(store_dir=work / "nats", log_path=work / "nats.log") as server:
             bench = Bench(args, work, model, server.url, pin)
             phases: dict[str, Any] = {}
-            phases["rollout_only"] = bench.rollout_only()
-            print("a", json.dumps(phases["rollout_only"]), flush=True)
-            lengths = sample_lengths(server.url, "modes-ab")
-            phases["trainer_only"] = bench.trainer_only()
-            print("b", json.dumps(phases["trainer_only"]), flush=True)
+            wanted = args.phases.split(",")
+            lengths: dict[str, Any] = {}
+            if "rollout_only" in wanted:
+                phases["rollout_only"] = bench.rollout_only()
+                print("a", json.dumps(phases["rollout_only"]), flush=True)
+                lengths = sample_lengths(server.url, "modes-ab")
+            if "trainer_only" in wanted and "rollout_only" in wanted:  # (b) trains on (a)'s samples
+                phases["trainer_only"] = bench.trainer_only()
+                print("b", json.dumps(phases["trainer_only"]), flush=True)
             for mode in ("async", "sync"):
-                phases[mode] = bench.joint(mode)
-                print(mode, json.dumps(phases[mode]), flush=True)
-    a, b = phases["rollout_only"]["per_s"], phases["trainer_only"]["per_s"]
-    c, d = phases["async"]["per_s"], phases["sync"]["per_s"]
-    bound = min(x for x in (a, b) if x) if (a or b) else None
+                if mode in wanted:
+                    phases[mode] = bench.joint(mode)
+                    print(mode, json.dumps(phases[mode]), flush=True)
+    a, b, c, d = (phases.get(k, {}).get("per_s") for k in ("rollout_only", "trainer_only", "async", "sync"))
+    bound = min(a, b) if a and b else None
     result = {
         "benchmark": "P1/P2 modes",
         "p1": round(c / bound, 3) if c and bound else None,

@@ -202,3 +202,36 @@ def test_replica_frozen_during_broadcast_is_dropped_at_the_deadline(trainer, pee
 def test_no_members_is_not_an_error(trainer) -> None:
     report = trainer.sync(1, weights(1))
     assert report.members == [] and report.dropped == {} and report.total_seconds < 1
+
+
+def test_late_joiners_are_caught_up_to_the_current_version_alone(trainer, peers, port) -> None:
+    """Rollouts whose hello comes after the trainer moved on (they started before it, it ate their
+    backlog) get the current version in a round of their own; members already current are left alone."""
+    start_peers(port, peers, 0)
+    wait_members(trainer, {0})
+    assert trainer.behind(0) == []  # version 0 is the model every replica starts from
+    w1 = weights(1)
+    assert trainer.sync(1, w1).members == [0]
+    start_peers(port, peers, 1)  # too late for version 1
+    wait_members(trainer, {0, 1})
+    late = trainer.behind(1)
+    assert late == [1]
+    report = trainer.sync(1, w1, only=late)
+    assert report.members == [1] and report.dropped == {}
+    assert report.checksums == {1: checksum.of(w1)}
+    assert peers[1].next_event("loaded")["version"] == 1
+    assert trainer.behind(1) == []
+    # Offered once per hello: a replica that fails the round rejoins with a new hello and is offered again.
+    peers[1].signal(signal.SIGSTOP)
+    w2 = weights(2)
+    assert trainer.sync(2, w2, only=[0]).members == [0]
+    assert trainer.behind(2) == [1]
+    assert set(trainer.sync(2, w2, only=[1]).dropped) == {1}
+    assert trainer.behind(2) == []
+    peers[1].signal(signal.SIGCONT)
+    wait_members(trainer, {0, 1})
+    deadline = time.monotonic() + 30
+    while trainer.behind(2) != [1]:
+        assert time.monotonic() < deadline, "the thawed replica never asked again"
+        time.sleep(0.05)
+    assert trainer.sync(2, w2, only=[1]).checksums == {1: checksum.of(w2)}

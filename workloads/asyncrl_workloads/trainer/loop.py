@@ -11,6 +11,10 @@ every rank takes the step (trainer/backend.py). Then, in this order:
   4. every `syncEverySteps`: paramVersion += 1, announce on NATS, broadcast the full weights to the
      rollouts with the weight sender (bounded by its deadline; dropped rollouts are reported).
 
+While rank 0 waits for samples it also brings rollouts that said hello late up to its current
+version (a catch-up round for them alone): their samples may be too stale to train on otherwise, and
+without samples no step - and no next version - would ever come.
+
 Other ranks mirror rank 0: every decision after a step (checkpoint, sync) is a function of the step
 number, so only the batch travels. While rank 0 waits for data it broadcasts a heartbeat so the other
 ranks' collectives never hit the process-group timeout. Left out: validation runs, KL to a reference.
@@ -125,6 +129,8 @@ class Leader:
         self.stored = 0
         self.started = time.monotonic()
         self.consumed_at_start = intake.ledger.consumed_total
+        self.catch_ups: list[dict[str, Any]] = []
+        """Catch-up rounds since the last step (reported with the next step)."""
 
     async def _bcast(self, message: tuple[str, Any]) -> None:
         if self.world.size > 1:
@@ -136,6 +142,7 @@ class Leader:
             if taken is None or taken:
                 return taken
             await self._bcast(("idle", None))
+            await self._catch_up(state)
             await self._refresh_queue()
             self._report(state, {}, force=False)
 
@@ -197,12 +204,26 @@ class Leader:
         assert self.checkpointer is not None
         self.checkpointer.save(state.step, self.backend, {"param_version": state.version})
 
-    async def _sync(self, state: State) -> dict[str, Any]:
-        await self.nc.publish(
-            self.announce_subject, codec.encode_announcement(state.version, state.step, time.time())
-        )
+    async def _catch_up(self, state: State) -> None:
+        """Waiting for samples: send the current version to rollouts that joined since its sync."""
+        if self.sender is None:
+            return
+        late = await asyncio.to_thread(self.sender.behind, state.version)
+        if not late:
+            return
+        log.info("weight sync v%d: catching up replicas %s while waiting for samples", state.version, late)
+        await self._bcast(("sync", None))
+        self.catch_ups.append(await self._sync(state, only=late))
+
+    async def _sync(self, state: State, only: list[int] | None = None) -> dict[str, Any]:
+        if only is None:  # a catch-up repeats a version already announced
+            await self.nc.publish(
+                self.announce_subject, codec.encode_announcement(state.version, state.step, time.time())
+            )
         named = await asyncio.to_thread(lambda: list(self.backend.full_tensors()))
-        report = await asyncio.to_thread(self.sender.sync, state.version, named) if self.sender else None
+        report = (
+            await asyncio.to_thread(self.sender.sync, state.version, named, only) if self.sender else None
+        )
         state.last_sync_time = time.time()
         self.metrics.param_version.set(state.version)
         out: dict[str, Any] = {"version": state.version}
@@ -221,6 +242,11 @@ class Leader:
                 out["trainer_checksum"] = checksum.of(named)
             for replica, reason in report.dropped.items():
                 log.warning("weight sync v%d: rollout replica %s dropped: %s", state.version, replica, reason)
+            log.info(
+                "weight sync v%d%s: members %s, dropped %s, %.1f MB in %.2f s (round %.2f s)",
+                state.version, " (catch-up)" if only is not None else "", report.members,
+                sorted(report.dropped), report.nbytes / 1e6, report.transfer_seconds, report.total_seconds,
+            )  # fmt: skip
         return out
 
     def _account(self, taken: list[inbox.Taken], waited: float, total: float) -> None:
@@ -266,9 +292,10 @@ class Leader:
         m = self.metrics
         m.trainer_step.set(state.step)
         m.trainer_last_step_ts.set(time.time())
+        catch_ups, self.catch_ups = self.catch_ups, []
         if self.settings.step_log is None:
             return
-        record = {
+        record: dict[str, Any] = {
             "step": state.step,
             "time": time.time(),
             "version": state.version,
@@ -278,6 +305,8 @@ class Leader:
             "counters": self.counters(),
             "sync": sync_report,
         }
+        if catch_ups:
+            record["catch_up"] = catch_ups
         with open(self.settings.step_log, "a") as fh:
             fh.write(json.dumps(record) + "\n")
 

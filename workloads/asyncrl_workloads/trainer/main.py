@@ -137,6 +137,7 @@ async def _lead(
             bound,
         )
         sender = make_sender(cfg)
+        log.info("trainer ready at version %d (step %d): waiting for samples", state.version, state.step)
         step_log = os.environ.get(STEP_LOG_ENV)
         settings = loop.LoopSettings(
             max_steps=spec.max_steps,
@@ -191,8 +192,13 @@ def _prepare_paths(cfg: config_mod.JobConfig) -> None:
 
 
 def run(cfg: config_mod.JobConfig) -> None:
-    world = fsdp.init_world()
     spec = cfg.spec
+    log.info(
+        "trainer for %s/%s starting: backend %s, model %s, maxSteps %s",
+        cfg.namespace, cfg.name, spec.trainer.backend, spec.model.path, spec.max_steps,
+    )  # fmt: skip
+    world = fsdp.init_world()
+    log.info("rank %d of %d", world.rank, world.size)
     if world.is_main:
         _prepare_paths(cfg)
     fsdp.broadcast_object(None, world)  # a barrier: the model exists before any rank loads it

@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
@@ -204,9 +204,20 @@ class WeightSender(abc.ABC):
     """Trainer rank 0: broadcasts a policy version to every live rollout engine worker."""
 
     @abc.abstractmethod
-    def sync(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncReport:
+    def sync(
+        self,
+        version: int,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        only: Collection[int] | None = None,
+    ) -> SyncReport:
         """Run one round; never blocks longer than about 3 x timeoutSeconds, never raises for a
-        rollout's failure (those are in the report's ``dropped``)."""
+        rollout's failure (those are in the report's ``dropped``). ``only``: the round is for these
+        replicas alone (a catch-up of late joiners to the current version); default all members."""
+
+    @abc.abstractmethod
+    def behind(self, version: int) -> list[int]:
+        """Members that hold an older version than ``version`` and were not yet offered a
+        catch-up round of it (the trainer asks while it waits for samples)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -13,6 +13,12 @@ port (never the trainer's default process group): rank 0 is this process, ranks
 its store keys are described in ``weightsync/base.py``. Rollout replicas that fail to be ready,
 to join, or to ack before the deadline are dropped and named in ``SyncReport.dropped``; they
 come back by saying hello again and join at the next version with a new group generation.
+
+Late joiners: a replica that says hello while the trainer waits for samples would otherwise wait
+for a next version that needs samples it cannot make (its version may already be too stale to
+train on: rollouts that started before the trainer, a trainer that ate a backlog). While it waits,
+the trainer asks ``behind(version)`` and brings those replicas up with ``sync(version, ...,
+only=...)``, a round of the current version for them alone.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
@@ -45,6 +51,14 @@ class GlooWeightSender(base.WeightSender):
         self._generation = 0
         self._group: Any = None
         self._group_members: tuple[base.Member, ...] = ()
+        self._acked: dict[int, tuple[str, int]] = {}
+        """Replica -> (incarnation, version) of its last ack."""
+        self._hello_n: dict[int, int] = {}
+        """Replica -> number of its latest hello."""
+        self._offered: dict[int, tuple[int, int]] = {}
+        """Replica -> (hello number, version) of the last catch-up round offered to it: offered again
+        only after a new hello (a replica that failed the round rejoins; one that ignored it does not)."""
+        log.info("weight sync: store on port %d (trainer incarnation %s)", port, self.incarnation)
 
     # ---- membership ------------------------------------------------------------------------
     def _read_hellos(self) -> None:
@@ -62,11 +76,25 @@ class GlooWeightSender(base.WeightSender):
                     "weight sync: replica %d (incarnation %s) asks to join", hello.replica, hello.incarnation
                 )
             self._registry[hello.replica] = hello
+            self._hello_n[hello.replica] = self._hello_cursor
 
     def members(self) -> list[int]:
         """Replicas currently registered (they take part in the next round)."""
         self._read_hellos()
         return sorted(self._registry)
+
+    def behind(self, version: int) -> list[int]:
+        """Registered replicas that hold an older version than ``version`` and were not offered a
+        catch-up round of it since their latest hello. A replica that never acked holds the model's
+        initial weights, version 0."""
+        self._read_hellos()
+        late = []
+        for replica, hello in sorted(self._registry.items()):
+            incarnation, acked = self._acked.get(replica, (hello.incarnation, 0))
+            held = acked if incarnation == hello.incarnation else 0
+            if held < version and self._offered.get(replica) != (self._hello_n[replica], version):
+                late.append(replica)
+        return late
 
     def _drop(self, report: base.SyncReport, replica: int, reason: str) -> None:
         report.dropped[replica] = reason
@@ -74,13 +102,22 @@ class GlooWeightSender(base.WeightSender):
         log.warning("weight sync v%d: dropped replica %d: %s", report.version, replica, reason)
 
     # ---- one round -------------------------------------------------------------------------
-    def sync(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> base.SyncReport:
+    def sync(
+        self,
+        version: int,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        only: Collection[int] | None = None,
+    ) -> base.SyncReport:
         start = time.monotonic()
         report = base.SyncReport(version=version)
         self._read_hellos()
         candidates = tuple(
-            base.Member(h.replica, h.incarnation, h.ranks) for _, h in sorted(self._registry.items())
+            base.Member(h.replica, h.incarnation, h.ranks)
+            for _, h in sorted(self._registry.items())
+            if only is None or h.replica in only
         )
+        if only is not None:
+            self._offered.update((m.replica, (self._hello_n[m.replica], version)) for m in candidates)
         if not candidates:
             report.total_seconds = time.monotonic() - start
             return report
@@ -151,6 +188,7 @@ class GlooWeightSender(base.WeightSender):
             ack = base.decode(bytes(self.store.get(ack_keys[m.replica])), base.Ack)
             report.members.append(m.replica)
             report.checksums[m.replica] = ack.checksum
+            self._acked[m.replica] = (m.incarnation, version)
         report.total_seconds = time.monotonic() - start
         return report
 

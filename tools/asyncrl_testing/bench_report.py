@@ -27,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 TOOLS = "tools/asyncrl_testing"
 # name -> (script and its arguments, the script's option for a JSON output file)
 SCRIPTS: dict[str, tuple[list[str], str]] = {
-    "modes": ([f"{TOOLS}/bench_modes.py"], "--json"),
+    "modes": ([f"{TOOLS}/bench_modes.py", "--measure", "90"], "--json"),
     "weightsync": ([f"{TOOLS}/bench_weightsync.py", "--syncs", "8"], "--out"),
     "bus": ([f"{TOOLS}/bench_bus.py", "--count", "4000", "--response-tokens", "512"], "--json"),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
@@ -100,6 +100,8 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
                     ["P2", "async ÷ sync", "", "—", ""]]  # fmt: skip
         ph = res["phases"]
         a, b, c, d = (ph[k]["per_s"] for k in ("rollout_only", "trainer_only", "async", "sync"))
+        if "rollout_only_end" in ph:  # (a) before and after: the bound uses their mean
+            a = f"mean({a}, {ph['rollout_only_end']['per_s']}) = {res['rollout_only_mean']}"
         return [
             ["P1", "async ÷ min(rollout-only, trainer-only), samples/s",
              f"**{res['p1']}** = {c} ÷ min({a}, {b})", "≥ 0.95", _verdict(res["p1"], 0.95, True)],
@@ -180,7 +182,8 @@ def modes_details(res: dict[str, Any]) -> list[str]:
     ph, s, ln = res["phases"], res["settings"], res.get("response_lengths") or {}
     out = [
         f"One rollout replica + one trainer, tiny model; n={s['n']}, batch {s['batch_prompts']} prompts, "
-        f"maxTokens {s['max_tokens']}; {s['warmup_s']:.0f} s warm-up then {s['measure_s']:.0f} s "
+        f"maxTokens {s['max_tokens']}, async maxStaleness {s.get('async_max_staleness', 2)}, "
+        f"trainer lr {s.get('lr', 1e-3)}; {s['warmup_s']:.0f} s warm-up then {s['measure_s']:.0f} s "
         f"measured per phase. Pinning: {res['pinning']} (affinity seen: {res['affinity']}).",
         f"Load average at start {res.get('load_avg_start')}, at end {res.get('load_avg_end')}; "
         f"wall {res.get('wall_s')} s.",
@@ -197,8 +200,9 @@ def modes_details(res: dict[str, Any]) -> list[str]:
         "trainer_only": "(b) trainer-only, consumed",
         "async": "(c) async, consumed",
         "sync": "(d) sync, consumed",
+        "rollout_only_end": "(a2) rollout-only again, produced",
     }
-    for key, label in labels.items():
+    for key, label in ((k, v) for k, v in labels.items() if k in ph):
         detail = ", ".join(f"{k} {v}" for k, v in ph[key].items() if k != "per_s")
         out.append(f"| {label} | {ph[key]['per_s']} | {detail} |")
     return out

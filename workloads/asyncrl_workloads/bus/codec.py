@@ -6,18 +6,18 @@ trainer announces versions with `encode_announcement` and rollouts read them wit
 Format (version 1): `b"ARL" + u8 wire version + u32 header length (little endian) + header + arrays`.
 The header is UTF-8 JSON: `{"kind": ..., scalars..., "lengths": {array: n}}`; the arrays follow in a
 fixed order as raw little-endian bytes - token ids and versions int32, mask uint8, behaviour logprobs
-float32 (the engine computes them in fp32, so this round-trips exactly). A 512-token trajectory is
-~5 kB and costs two `array` conversions per field each way - no base64, no JSON number parsing (the
-bus benchmark, tools/asyncrl_testing/bench_bus.py, measures it against raw nats-py). A reader rejects
-any other version byte with CodecError rather than guessing.
+float32 (the engine computes them in fp32, so this round-trips exactly). That is how a Trajectory holds
+its arrays in memory (trajectory.ARRAYS), so encoding joins bytes and decoding slices them: no
+per-element Python work on either side, no base64, no JSON numbers. A 512-token trajectory is ~7.5 kB;
+the bus benchmark (tools/asyncrl_testing/bench_bus.py) measures the whole path against raw nats-py.
+A reader rejects any other version byte with CodecError rather than guessing; the format is pinned
+byte for byte by tests/unit/test_codec.py.
 """
 
 from __future__ import annotations
 
-import array
 import json
 import struct
-import sys
 from typing import Any
 
 from asyncrl_workloads.bus import trajectory as trajectory_mod
@@ -25,26 +25,19 @@ from asyncrl_workloads.bus import trajectory as trajectory_mod
 WIRE_VERSION = 1
 _MAGIC = b"ARL"
 _PREFIX = struct.Struct("<3sBI")  # magic, wire version, header length
-
-# (field, array typecode) in wire order: "i" int32, "f" float32, "B" uint8.
-_ARRAYS = (
-    ("prompt_ids", "i"),
-    ("response_ids", "i"),
-    ("behaviour_logprobs", "f"),
-    ("versions", "i"),
-    ("mask", "B"),
-)
 _SCALARS = ("id", "job", "replica", "group_id", "group_size", "sample_index", "reward", "created_at")
-_SWAP = sys.byteorder != "little"
+# The body is the trajectory's packed arrays as they are (trajectory.ARRAYS: names, order, item types).
+_ARRAYS = tuple((name, trajectory_mod.ITEMSIZE[code]) for name, code in trajectory_mod.ARRAYS)
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class CodecError(ValueError):
     """A message that is not a valid bus message of a known wire version."""
 
 
-def _frame(header: dict[str, Any], body: bytes = b"") -> bytes:
-    head = json.dumps({"kind": header.pop("kind"), **header}, separators=(",", ":")).encode()
-    return _PREFIX.pack(_MAGIC, WIRE_VERSION, len(head)) + head + body
+def _frame(header: dict[str, Any], *body: bytes) -> bytes:
+    head = _JSON.encode(header).encode()
+    return b"".join((_PREFIX.pack(_MAGIC, WIRE_VERSION, len(head)), head, *body))
 
 
 def _unframe(data: bytes, kind: str) -> tuple[dict[str, Any], memoryview]:
@@ -71,35 +64,24 @@ def encode_trajectory(traj: trajectory_mod.Trajectory) -> bytes:
     header: dict[str, Any] = {"kind": "trajectory"}
     for name in _SCALARS:
         header[name] = getattr(traj, name)
-    chunks = []
-    lengths = {}
-    for name, code in _ARRAYS:
-        arr = array.array(code, getattr(traj, name))
-        if _SWAP:
-            arr.byteswap()
-        chunks.append(arr.tobytes())
-        lengths[name] = len(arr)
+    lengths = {name: len(data) // size for (name, size), data in zip(_ARRAYS, traj.packed, strict=True)}
     header["lengths"] = lengths
-    return _frame(header, b"".join(chunks))
+    return _frame(header, *traj.packed)
 
 
 def decode_trajectory(data: bytes) -> trajectory_mod.Trajectory:
     header, body = _unframe(data, "trajectory")
-    fields: dict[str, Any] = {}
+    packed = []
     try:
-        for name in _SCALARS:
-            fields[name] = header[name]
+        scalars = {name: header[name] for name in _SCALARS}
         lengths = header["lengths"]
         offset = 0
-        for name, code in _ARRAYS:
-            arr = array.array(code)
-            end = offset + int(lengths[name]) * arr.itemsize
-            if end > len(body) or lengths[name] < 0:
-                raise CodecError(f"{name}: {lengths[name]} elements do not fit the message")
-            arr.frombytes(body[offset:end])
-            if _SWAP:
-                arr.byteswap()
-            fields[name] = arr.tolist()
+        for name, size in _ARRAYS:
+            count = lengths[name]
+            end = offset + int(count) * size
+            if end > len(body) or count < 0:
+                raise CodecError(f"{name}: {count} elements do not fit the message")
+            packed.append(bytes(body[offset:end]))
             offset = end
     except KeyError as exc:
         raise CodecError(f"{exc.args[0]}: missing") from exc
@@ -110,7 +92,7 @@ def decode_trajectory(data: bytes) -> trajectory_mod.Trajectory:
     if offset != len(body):
         raise CodecError(f"arrays: {len(body) - offset} trailing bytes")
     try:
-        return trajectory_mod.Trajectory(**fields)
+        return trajectory_mod.Trajectory.from_packed(**scalars, packed=tuple(packed))
     except trajectory_mod.InvalidTrajectory as exc:
         raise CodecError(str(exc)) from exc
     except TypeError as exc:

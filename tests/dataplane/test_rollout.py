@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -187,3 +188,52 @@ def test_unreachable_nats_exits_1_with_one_line(tmp_path, tiny_model) -> None:
     assert code == 1
     last = err.strip().splitlines()[-1]
     assert last.startswith("asyncrl-rollout: endpoints.natsUrl: cannot reach NATS"), err[-2000:]
+
+
+def test_sigterm_aborts_in_flight_generation_and_publishes_only_whole_groups(
+    tmp_path, nats_server, tiny_model
+) -> None:
+    """SIGTERM (what the kubelet sends) on real vLLM: the replica aborts its generating groups instead of
+    finishing them (a long generation could outlast the grace period), exits 0 without engine errors,
+    and leaves only whole groups on the bus. (Which groups were generating at the signal is timing;
+    tests/unit/test_rollout_groups.py pins the rule itself down deterministically.)"""
+    body = job_config(
+        tiny_model, nats_server.url,
+        rollout={
+            "replicas": 1, "gpusPerReplica": 0, "maxInflightPrompts": 8,
+            "engine": {"maxModelLen": 256}, "sampling": {"n": N, "maxTokens": 240, "temperature": 1.0},
+        },
+        **{"async": {"maxStaleness": 1024, "queue": {"maxSize": 100_000}}},
+    )  # fmt: skip
+    rollout = Rollout(tmp_path, body, free_port())
+    try:
+        asyncio.run(stream_messages(nats_server.url, at_least=N, timeout=180))
+        code, log = rollout.terminate()
+    finally:
+        rollout.kill_group()
+    assert code == 0, log[-3000:]
+    stopping = re.search(r"stopping: aborting (\d+) generating groups of (\d+) in flight", log)
+    assert stopping is not None, log[-3000:]
+    after = log[stopping.end() :]
+    assert not re.search(r"EngineDeadError|group \d+ failed|Traceback", after), after[-3000:]
+    received = asyncio.run(drain(nats_server.url, 0, timeout=1))
+    groups: dict[str, list[Any]] = {}
+    for t, _ in received:
+        groups.setdefault(t.group_id, []).append(t)
+    assert groups and all(len(g) == g[0].group_size for g in groups.values())
+
+
+async def stream_messages(url: str, at_least: int, timeout: float) -> int:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                info = await js.stream_info(subjects.stream_name("test", "roll"))
+                if info.state.messages >= at_least:
+                    return int(info.state.messages)
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"fewer than {at_least} messages on the stream after {timeout:.0f} s")
+    finally:
+        await nc.close()

@@ -76,3 +76,66 @@ def test_trajectory_ids_stay_tied_to_the_engine_sample_index() -> None:
 def test_a_full_group_keeps_every_sample() -> None:
     published = run_group([completion("a"), completion("b"), completion("c")])
     assert [(t.sample_index, t.group_size) for t in published] == [(0, 3), (1, 3), (2, 3)]
+
+
+class GatedEngine:
+    """Prompt "fast" completes at once; every other prompt generates until cancelled."""
+
+    version = 0
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    def sampling(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def generate(self, prompt_ids: Sequence[int], params: Any) -> list[engine_mod.Completion]:
+        if bytes(prompt_ids) == b"fast":
+            return [completion("a"), completion("b")]
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        raise AssertionError("unreachable")
+
+
+def test_stop_aborts_generating_groups_but_a_group_being_published_goes_out_whole() -> None:
+    published: list[trajectory_mod.Trajectory] = []
+    publishing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def publish(traj: trajectory_mod.Trajectory) -> bool:
+        published.append(traj)
+        publishing.set()
+        await release.wait()  # the bus is slow: the stop arrives mid-group
+        return True
+
+    records = [{"prompt": "fast"}, {"prompt": "slow1"}, {"prompt": "slow2"}]
+    settings = worker_mod.WorkerSettings(
+        job="j", replica=0, n=2, max_tokens=4, max_inflight_prompts=3, poll_s=0.001
+    )
+    metrics = metrics_mod.bind(metrics_mod.Identity(namespace="ns", job="j", role="rollout", replica="0"))
+    engine = GatedEngine()
+    worker = worker_mod.RolloutWorker(
+        settings, engine, None, publish, reward, records,  # type: ignore[arg-type]
+        lambda text: list(text.encode()), metrics,
+    )  # fmt: skip
+    worker._next_record = iter(records).__next__  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        run = asyncio.create_task(worker.run(stop))
+        await asyncio.wait_for(publishing.wait(), 5)
+        while len(worker._inflight) < 3:
+            await asyncio.sleep(0.001)
+        stop.set()
+        await asyncio.sleep(0.05)
+        assert not run.done()  # the half-published group holds the stop until it is whole
+        release.set()
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(scenario())
+    assert engine.cancelled == 2  # both generating groups were aborted, not finished
+    assert [(t.group_size, t.sample_index) for t in published] == [(2, 0), (2, 1)]
+    assert worker.stats.groups_started == 3 and worker.stats.groups_done == 1

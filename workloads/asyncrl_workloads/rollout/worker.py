@@ -94,6 +94,7 @@ class RolloutWorker:
         self._rng = random.Random(settings.seed * 1000003 + settings.replica)
         self._order: list[int] = []
         self._inflight: set[asyncio.Task[None]] = set()
+        self._generating: set[asyncio.Task[Any]] = set()
         self._admit = asyncio.Event()
         self._admit.set()
         self._members = settings.replicas
@@ -148,6 +149,13 @@ class RolloutWorker:
             task = asyncio.create_task(self._group(index, self._next_record()))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
+        # Stopping (SIGTERM: scale-down, job end, node drain): abort what is in flight instead of
+        # finishing it. A long generation could outlast the pod's grace period, and a group cut off
+        # here was never published, so nothing is lost that a restart would have kept.
+        generating, inflight = len(self._generating), len(self._inflight)
+        log.info("stopping: aborting %d generating groups of %d in flight", generating, inflight)
+        for task in list(self._generating):  # not those already publishing: a group goes out whole
+            task.cancel()  # AsyncLLM aborts the request when its generate() is cancelled
         await asyncio.gather(*self._inflight, return_exceptions=True)
 
     def _mark_idle(self, idle: bool) -> None:
@@ -169,7 +177,13 @@ class RolloutWorker:
                 self.s.n, self.s.max_tokens, self.s.temperature, self.s.top_p,
                 seed=self.s.seed * 7919 + self.s.replica * 1_000_003 + index,
             )  # fmt: skip
-            completions = await self.engine.generate(prompt_ids, params)
+            task = asyncio.current_task()
+            assert task is not None
+            self._generating.add(task)
+            try:
+                completions = await self.engine.generate(prompt_ids, params)
+            finally:
+                self._generating.discard(task)
             key = f"{self.incarnation}.{index}"
             group_id = f"{self.s.job}:r{self.s.replica}:{key}"
             # Score first, publish after: group_size must count only the samples that are published,
@@ -231,7 +245,7 @@ class RolloutWorker:
                     continue
             if plan is not None and plan.version > self.engine.version:
                 if plan.includes(link.replica, link.incarnation):
-                    self._members = len(plan.candidates)
+                    self._members = plan.registered or len(plan.candidates)
                     await self._apply(plan)
                 else:
                     # Samples more than maxStaleness behind would only be dropped: wait to join.
@@ -320,16 +334,29 @@ class RolloutWorker:
     async def run(self, stop: asyncio.Event) -> None:
         """Generate and follow the trainer until ``stop`` is set or the engine fails."""
         self.m.param_version.set(self.engine.version)
-        tasks = [asyncio.create_task(self._generation(stop))]
-        if self.link is not None:
-            tasks.append(asyncio.create_task(self._control(stop)))
+        generation = asyncio.create_task(self._generation(stop))
+        control = asyncio.create_task(self._control(stop)) if self.link is not None else None
+        if control is not None:
+            control.add_done_callback(self._control_ended)
         watch = asyncio.create_task(self._watch(stop))
         try:
-            await asyncio.gather(*tasks)
+            await generation
         finally:
-            watch.cancel()
+            # The control loop may be inside a blocking store call (a trainer that is not up yet can
+            # hold a connect for seconds): stopping does not wait for it.
+            for task in (watch, control):
+                if task is not None:
+                    task.cancel()
+            if control is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await control
         if self.failure is not None:
             raise self.failure
+
+    def _control_ended(self, task: asyncio.Task[None]) -> None:
+        """A control loop that raised is a failed replica (``_watch`` then stops generation)."""
+        if not task.cancelled() and task.exception() is not None and self.failure is None:
+            self.failure = task.exception()
 
     async def _watch(self, stop: asyncio.Event) -> None:
         """Stop on the first failed group: a replica that cannot generate should restart."""

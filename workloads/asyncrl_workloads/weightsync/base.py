@@ -102,6 +102,9 @@ class Plan:
     """Incarnation of the trainer process; a new one means the store and generations were reset."""
     bucket_bytes: int = 0
     """The sender's bucket bound (bucketMB); the NCCL path's packed buffers must agree with it."""
+    registered: int = 0
+    """Replicas registered with the trainer, in this round or not (a catch-up round names only the late
+    ones); rollouts size their share of each version's groups by it. 0: count the candidates."""
 
     def includes(self, replica: int, incarnation: str) -> bool:
         return any(m.replica == replica and m.incarnation == incarnation for m in self.candidates)

@@ -135,6 +135,7 @@ class GlooWeightSender(base.WeightSender):
             timeout_seconds=self.timeout,
             trainer=self.incarnation,
             bucket_bytes=self.bucket_bytes,
+            registered=len(self._registry),
         )
         self.store.set(rendezvous.plan_key(plan.seq), base.encode(plan))
         self.store.set(rendezvous.PLAN_SEQ, str(plan.seq))

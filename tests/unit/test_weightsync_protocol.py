@@ -11,7 +11,7 @@ def make_plan() -> base.Plan:
     metas = (base.TensorMeta("a", "float32", (2, 3)), base.TensorMeta("b", "bfloat16", (4,)))
     return base.Plan(
         seq=3, version=7, candidates=(base.Member(0, "inc0", 1), base.Member(2, "inc2", 2)), tensors=metas,
-        buckets=((0, 1), (1, 2)), timeout_seconds=5.0, trainer="t", bucket_bytes=1 << 20,
+        buckets=((0, 1), (1, 2)), timeout_seconds=5.0, trainer="t", bucket_bytes=1 << 20, registered=3,
     )  # fmt: skip
 
 

@@ -89,6 +89,14 @@ class RolloutSpec(base.APIModel):
     partial_rollout: bool = True
     """On a weight update, interrupt in-flight requests, keep their prefix and continue under the new
     weights (tokens then carry several policy versions). False lets in-flight requests finish first."""
+    kv_cache_on_update: Literal["recompute", "keep"] = "recompute"
+    """What an update does to the KV cache of requests in flight (only with partialRollout true).
+    recompute: their KV is dropped and rebuilt, so every token after the switch is sampled from the
+    new policy exactly. keep: they go on with the KV the old weights computed (no re-prefill, faster;
+    PipelineRL-style). Behaviour logprobs stay exactly what was sampled, all that decoupled PPO / TIS
+    need; a sample may have been shaped by the policy it was submitted under, which is its oldest
+    token version unless it waited unscheduled across the update. A request only reuses prefix-cache
+    blocks of requests submitted under the same version."""
     max_inflight_prompts: int = pydantic.Field(default=16, ge=1, le=65536)
     """Prompts each replica keeps in flight at once (each expands to sampling.n requests)."""
     resources: Resources = pydantic.Field(default_factory=Resources)

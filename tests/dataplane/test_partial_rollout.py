@@ -7,6 +7,10 @@ One scenario (the engine takes ~30 s to start, so it runs once per module):
    policy that produced it (version 0 weights before the switch, version 1 after).
 2. partialRollout false: version 2 arrives while groups are in flight; they finish under
    version 1 first, so no sample published after that mixes versions 1 and 2.
+3. kvCacheOnUpdate keep: version 3 arrives mid-sample; tokens after the switch are sampled by the
+   version 3 weights attending to the KV version 2 computed (a mixed reference, not version 3's own
+   logprobs), and a long prompt first generated under version 2 is prefilled afresh under version 3
+   (its logprobs are version 3's, not those of version 2's cached prompt blocks).
 """
 
 from __future__ import annotations
@@ -44,6 +48,15 @@ def perturbed(model: Any, seed: int) -> Any:
     return other
 
 
+def kept_kv_logprobs(old: Any, new: Any, prefix: list[int], rest: list[int]) -> torch.Tensor:
+    """log p(rest[t+1] | ...) for t in rest[:-1], with ``old`` computing the KV of ``prefix`` and
+    ``new`` the rest: what an engine that keeps ``old``'s KV across a switch samples from."""
+    with torch.no_grad():
+        cache = old(torch.tensor([prefix]), use_cache=True).past_key_values
+        logits = new(torch.tensor([rest[:-1]]), past_key_values=cache, use_cache=True).logits[0]
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(rest[1:])[:, None])[:, 0]
+
+
 def token_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
@@ -59,6 +72,10 @@ class Scenario:
     reports: dict[int, Any]
     expected: dict[int, str]
     stats: Any
+    kept: list[trajectory.Trajectory]
+    long_prompt: list[int]
+    block_size: int
+    long_after: Any
 
 
 async def _run(model_path: pathlib.Path) -> Scenario:
@@ -67,7 +84,7 @@ async def _run(model_path: pathlib.Path) -> Scenario:
     from asyncrl_workloads.rollout import worker as worker_mod
 
     hf0 = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    models = {0: hf0, 1: perturbed(hf0, 1), 2: perturbed(hf0, 2)}
+    models = {0: hf0, 1: perturbed(hf0, 1), 2: perturbed(hf0, 2), 3: perturbed(hf0, 3)}
     tok = transformers.AutoTokenizer.from_pretrained(model_path)
     port = free_port()
     trainer = sender.GlooWeightSender(port, timeout_seconds=20, bucket_mb=1)
@@ -132,7 +149,36 @@ async def _run(model_path: pathlib.Path) -> Scenario:
             await asyncio.sleep(0.1)
         stop2.set()
         await run2
-        return Scenario(models, partial, list(published), reports, expected, worker.stats)
+        whole = list(published)
+
+        # Phase 3: kvCacheOnUpdate keep, same engine (pause reads the setting each time).
+        published.clear()
+        engine.settings = dataclasses.replace(engine.settings, keep_kv_on_update=True)
+        block = int(engine.llm.vllm_config.cache_config.block_size)
+        vocab = int(hf0.config.vocab_size)
+        long_prompt = [(7 * i) % (vocab - 3) + 3 for i in range(2 * block + 10)]  # 2 full blocks
+        params = engine.sampling(1, 4, 1.0, 1.0, seed=11)
+        worker3 = worker_mod.RolloutWorker(
+            settings, engine, link, publish, say_char.reward, say_char.records(), encode, bound
+        )
+        worker3._engine_epoch = worker._engine_epoch
+        stop3 = asyncio.Event()
+        run3 = asyncio.create_task(worker3.run(stop3))
+        await engine.generate(long_prompt, params)  # caches its prompt blocks under version 2
+        await asyncio.sleep(0.3)
+        await sync(3)
+        while engine.version < 3:  # the ack comes before the load
+            await asyncio.sleep(0.01)
+        long_after = (await engine.generate(long_prompt, params))[0]
+        deadline = time.monotonic() + 60
+        while not any(set(t.versions) == {2, 3} for t in published) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        stop3.set()
+        await run3
+        return Scenario(
+            models, partial, whole, reports, expected, worker.stats,
+            list(published), long_prompt, block, long_after,
+        )  # fmt: skip
     finally:
         engine.shutdown()
         trainer.close()
@@ -144,7 +190,7 @@ def scenario(tiny_model: pathlib.Path) -> Scenario:
 
 
 def test_sync_loads_exactly_the_trainers_weights(scenario: Scenario) -> None:
-    for version in (1, 2):
+    for version in (1, 2, 3):
         report = scenario.reports[version]
         assert report.members == [0] and report.dropped == {}
         assert report.checksums[0] == scenario.expected[version]
@@ -170,3 +216,38 @@ def test_without_partial_rollout_in_flight_groups_finish_under_the_old_version(s
     assert any(2 in t.versions for t in scenario.whole)
     for traj in scenario.whole:
         assert len(set(traj.versions)) == 1, traj.versions
+
+
+def test_keep_mode_continues_on_the_old_kv_without_recomputing(scenario: Scenario) -> None:
+    mixed = [t for t in scenario.kept if set(t.versions) == {2, 3}]
+    assert mixed, "no sample was interrupted by the update"
+    traj = mixed[0]
+    switch = traj.versions.index(3)
+    assert traj.versions == [2] * switch + [3] * (len(traj.versions) - switch)
+    behaviour = torch.tensor(traj.behaviour_logprobs)
+    models = scenario.models
+    lp2 = token_logprobs(models[2], traj.prompt_ids, traj.response_ids)
+    assert torch.allclose(behaviour[:switch], lp2[:switch], atol=1e-4)
+    # The step that samples token `switch` is the first under version 3: it computes the KV of
+    # token switch-1; everything before keeps version 2's KV.
+    seq = traj.prompt_ids + traj.response_ids
+    cut = len(traj.prompt_ids) + switch - 1
+    kept = kept_kv_logprobs(models[2], models[3], seq[:cut], seq[cut:])
+    assert torch.allclose(behaviour[switch:], kept, atol=1e-4)
+    # ...which is not what recompute mode samples from (so the check above can fail).
+    lp3 = token_logprobs(models[3], traj.prompt_ids, traj.response_ids)
+    assert (lp3[switch:] - kept).abs().max() > 1e-2
+
+
+def test_keep_mode_new_requests_do_not_reuse_an_older_versions_prefix_blocks(scenario: Scenario) -> None:
+    after = scenario.long_after
+    assert set(after.versions) == {3}
+    prompt = scenario.long_prompt
+    lp3 = token_logprobs(scenario.models[3], prompt, after.token_ids)
+    assert torch.allclose(torch.tensor(after.logprobs), lp3, atol=1e-4)
+    # Had it reused version 2's cached prompt blocks, it would have sampled from this instead.
+    cached = 2 * scenario.block_size
+    reused = kept_kv_logprobs(
+        scenario.models[2], scenario.models[3], prompt[:cached], prompt[cached:] + after.token_ids
+    )[-len(after.token_ids) :]
+    assert (reused - lp3).abs().max() > 1e-2

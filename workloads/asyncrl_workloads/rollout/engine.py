@@ -67,6 +67,8 @@ class EngineSettings:
     overlap_transfer: bool = True
     """Receive weights while generating and pause only to reload (gloo). False pauses for the
     whole round, as the NCCL path must (benchmarks compare the two)."""
+    keep_kv_on_update: bool = False
+    """spec.rollout.kvCacheOnUpdate == "keep": ``pause`` leaves in-flight requests their KV."""
     extra: tuple[tuple[str, Any], ...] = ()
     """spec.rollout.engine.args, passed through to AsyncEngineArgs."""
 
@@ -134,9 +136,11 @@ class RolloutEngine:
         request_id = f"g{next(self._ids)}"
         version_at_submit = self.version
         final = None
-        async for out in self.llm.generate(
-            {"prompt_token_ids": list(prompt_ids)}, params, request_id=request_id
-        ):
+        # Prefix-cache blocks are shared only among requests submitted under one version (the salt
+        # keys every block hash): with keep_kv_on_update a request never reuses KV computed by a
+        # policy older than the one it was submitted under.
+        prompt = {"prompt_token_ids": list(prompt_ids), "cache_salt": f"v{version_at_submit}"}
+        async for out in self.llm.generate(prompt, params, request_id=request_id):  # type: ignore[arg-type]
             final = out
         if final is None:
             raise RuntimeError(f"engine returned nothing for request {request_id}")
@@ -156,12 +160,15 @@ class RolloutEngine:
         await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
 
     async def pause(self) -> None:
-        """Freeze in-flight requests (they continue, KV recomputed, under the next weights).
+        """Freeze in-flight requests; they continue under the next weights.
 
-        ``clear_cache`` drops their KV so tokens after the switch are sampled from the new policy
-        exactly (stale KV would mix the two). Calls the engine core directly: ``pause_generation``
-        adds a 20 ms sleep that vLLM documents as not needed for correctness."""
-        await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
+        By default ``clear_cache`` drops their KV (and the prefix cache) so tokens after the switch
+        are sampled from the new policy exactly: every in-flight prompt + prefix is prefilled again.
+        ``keep_kv_on_update`` keeps it (stale KV mixes the two policies; no re-prefill). Calls the
+        engine core directly: ``pause_generation`` adds a 20 ms sleep that vLLM documents as not
+        needed for correctness."""
+        clear = not self.settings.keep_kv_on_update
+        await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=clear)
 
     async def resume(self) -> None:
         await self.llm.resume_generation()

@@ -56,6 +56,7 @@ def engine_settings(cfg: config_mod.JobConfig) -> engine_mod.EngineSettings:
         tensor_parallel_size=max(1, spec.rollout.gpus_per_replica),
         gpu_memory_utilization=spec.rollout.engine.gpu_memory_utilization,
         enforce_eager=cpu or spec.rollout.engine.enforce_eager,
+        keep_kv_on_update=spec.rollout.partial_rollout and spec.rollout.kv_cache_on_update == "keep",
         extra=tuple(sorted(spec.rollout.engine.args.items())),
     )
 

@@ -64,6 +64,7 @@ def spec_for(
     return jobs.deep_merge(jobs.BASE_SPEC, {
         "model": {"path": str(model)}, "mode": mode,
         "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True, "maxInflightPrompts": 16,
+                    "kvCacheOnUpdate": args.kv_cache_on_update,
                     "sampling": {"n": 8, "maxTokens": args.max_tokens, "temperature": 1.0},
                     "engine": {"maxModelLen": 512, "enforceEager": True}},
         "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": args.prompts, "miniBatches": 2},
@@ -374,6 +375,10 @@ def main() -> int:
         "--lr", type=float, default=1e-12,
         help="trainer lr; the default holds the policy still so every phase samples the same lengths",
     )  # fmt: skip
+    parser.add_argument(
+        "--kv-cache-on-update", choices=("recompute", "keep"), default="recompute",
+        help="rollout.kvCacheOnUpdate of every phase",
+    )  # fmt: skip
     parser.add_argument("--rollout-core", type=int, default=1)
     parser.add_argument("--trainer-core", type=int, default=0)
     parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
@@ -445,7 +450,8 @@ def main() -> int:
         "settings": {"measure_s": args.measure, "warmup_s": args.warmup, "max_tokens": args.max_tokens,
                      "n": 8, "batch_prompts": args.prompts, "max_inflight_prompts": 16,
                      "async_max_staleness": args.staleness, "lr": args.lr, "rollout_replicas": 1,
-                     "trainer_replicas": 1, "model": "tiny (2 layers, hidden 128, random init)"},
+                     "trainer_replicas": 1, "kv_cache_on_update": args.kv_cache_on_update,
+                     "model": "tiny (2 layers, hidden 128, random init)"},
         "load_avg_start": [round(x, 2) for x in load], "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(), "wall_s": round(time.monotonic() - t_begin, 1),
     }  # fmt: skip

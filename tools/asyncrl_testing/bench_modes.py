@@ -57,7 +57,6 @@ from asyncrl_testing import jobs  # noqa: E402
 NS = "bench"
 
 
-
 def spec_for(
     model: pathlib.Path, ckpt: pathlib.Path, mode: str, staleness: int | None, args: argparse.Namespace
 ) -> dict[str, Any]:

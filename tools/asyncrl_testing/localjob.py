@@ -1,0 +1,137 @@
+"""One job's pods as local processes, for the e2e tests that hit single "pods" with signals
+(tests/e2e/test_faults.py, tests/e2e/test_rollouts_first.py).
+
+Each process is started as its pod starts it (``python -m asyncrl_workloads.entrypoints.<role>
+--config job.json``, identity from env) in a process group of its own, so a signal reaches the whole
+"pod" (a rollout's vLLM engine processes too). A real nats-server and the seeded tiny model come with
+the job; the trainer writes its step log, which the tests read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from asyncrl_api import config
+from asyncrl_workloads import tinymodel
+from asyncrl_workloads.local import natsserver, process
+
+from asyncrl_testing import jobs
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+Steps = list[dict[str, Any]]
+
+
+class LocalJob:
+    """The processes of one job, its nats-server and the trainer's step log."""
+
+    def __init__(self, tmp: pathlib.Path, name: str, spec: dict[str, Any]) -> None:
+        """``spec``: merged over ``jobs.BASE_SPEC`` (the model path is filled in)."""
+        self.tmp = tmp
+        model = tinymodel.create_tiny_model(tmp / "model", seed=0)
+        self.nats = natsserver.start(store_dir=tmp / "nats", log_path=tmp / "nats.log")
+        full = jobs.deep_merge(jobs.BASE_SPEC, jobs.deep_merge(spec, {"model": {"path": str(model)}}))
+        cfg = config.JobConfig(
+            name=name, namespace="test", spec=full,
+            endpoints=config.Endpoints(
+                nats_url=self.nats.url, trainer_host="127.0.0.1",
+                weight_sync_port=process.free_port(), torch_master_port=process.free_port(),
+            ),
+        )  # fmt: skip
+        self.config = tmp / "job.json"
+        self.config.write_text(config.dumps(cfg))
+        self.steps_path = tmp / "steps.jsonl"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, replica: int | None = None) -> None:
+        """Start the trainer (``replica`` None) or rollout ``replica`` as process ``name``."""
+        role = "trainer" if replica is None else "rollout"
+        env = {
+            **os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
+            "ASYNCRL_ROLE": role, "ASYNCRL_METRICS_PORT": str(process.free_port()),
+        }  # fmt: skip
+        if replica is None:
+            env["ASYNCRL_STEP_LOG"] = str(self.steps_path)
+        else:
+            env["ASYNCRL_REPLICA"] = str(replica)
+            env.update(process.engine_core_env(replica))  # a core per engine, as pods get their own CPUs
+        with (self.tmp / f"{name}.log").open("a") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", f"asyncrl_workloads.entrypoints.{role}", "--config", str(self.config)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def signal(self, name: str, sig: int) -> None:
+        os.killpg(self.procs[name].pid, sig)  # the whole "pod": the process and its vLLM engine
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def steps(self) -> Steps:
+        if not self.steps_path.exists():
+            return []
+        return [json.loads(line) for line in self.steps_path.read_text().splitlines() if line.endswith("}")]
+
+    def stream_messages(self) -> int:
+        """Samples waiting in the job's stream (nats-server's monitoring endpoint)."""
+        url = f"http://127.0.0.1:{self.nats.monitor_port}/jsz"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(json.load(response).get("messages", 0))
+
+    def wait(
+        self, what: str, check: Callable[[Steps], Any], timeout: float, alive: Iterable[str] | None = None
+    ) -> Any:
+        """Poll ``check(steps)`` until it returns something truthy; the processes named in ``alive``
+        (default: all started) must not exit meanwhile."""
+        deadline = time.monotonic() + timeout
+        names = list(self.procs) if alive is None else list(alive)
+        while time.monotonic() < deadline:
+            for name in names:
+                assert self.procs[name].poll() is None, f"{name} exited: {self.log(name)[-3000:]}"
+            found = check(self.steps())
+            if found:
+                return found
+            time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}; last steps: {self.steps()[-3:]}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                for sig in (signal.SIGCONT, signal.SIGTERM):
+                    os.killpg(proc.pid, sig)
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (vLLM engine processes)
+        self.nats.stop()
+
+
+def syncs(steps: Steps) -> Steps:
+    return [s["sync"] for s in steps if s.get("sync")]
+
+
+def synced_with(members: set[str], after_version: int = 0) -> Callable[[Steps], Any]:
+    """A sync after ``after_version`` whose members are exactly ``members``, each acking the trainer's
+    checksum (a check for ``LocalJob.wait``)."""
+
+    def check(steps: Steps) -> Any:
+        for sync in syncs(steps):
+            acked = {str(m) for m in sync.get("members", [])}
+            if sync["version"] > after_version and acked == members:
+                assert set(sync["checksums"]) == members
+                assert all(c == sync["trainer_checksum"] for c in sync["checksums"].values())
+                return sync
+        return None
+
+    return check

@@ -12,10 +12,11 @@ Two rollout modes on the same engine:
 - serial (what vLLM's NCCL engine needs): pause, then receive and reload.
 
 Reported per mode (medians over syncs, the first sync left out: it forms the group):
-``pause_ms`` (generation paused, rollout side), ``transfer_ms`` (the trainer's broadcast of all
-buckets: pure transfer), their ratio P3 (goal <= 1.2), the trainer's whole round ``round_ms``, and
-the 1-minute load average; for the overlapped mode also ``p3_vs_serial_transfer`` (its pause over
-the serial mode's uncontended transfer).
+``pause_ms`` (rollout side: the engine took no step, from the end of the step it was running when
+asked to pause until it resumed), ``pause_wait_ms`` (that step's remainder: still generating),
+``transfer_ms`` (the trainer's broadcast of all buckets: pure transfer), their ratio P3 (goal
+<= 1.2), the trainer's whole round ``round_ms``, and the 1-minute load average; for the overlapped
+mode also ``p3_vs_serial_transfer`` (its pause over the serial mode's uncontended transfer).
 
 Measured 2026-11-29 on the shared 2-core machine (load 9-13): 104 MB model, overlapped pause
 259 ms / transfer 448 ms = 0.58 (1.10 against the uncontended 235 ms transfer), serial
@@ -112,6 +113,7 @@ async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: in
             "model": name, "mbytes": round(nbytes / 2**20, 1), "mode": "overlapped" if overlap else "serial",
             "syncs": len(ok), "pause_ms": round(1e3 * pause, 1), "transfer_ms": round(1e3 * transfer, 1),
             "p3": round(pause / transfer, 2),
+            "pause_wait_ms": round(1e3 * statistics.median(u["pause_wait_s"] for u in updates), 1),
             "round_ms": round(1e3 * statistics.median(r.total_seconds for r in ok), 1),
             "samples": len(sink), "load1": round(os.getloadavg()[0], 1),
         })  # fmt: skip

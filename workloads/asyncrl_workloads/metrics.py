@@ -53,7 +53,7 @@ WEIGHT_SYNC_SECONDS = _histogram(
     "asyncrl_weight_sync_seconds", "Weight transfer time per sync.", _SECONDS_BUCKETS
 )
 ROLLOUT_PAUSE_SECONDS = _histogram(
-    "asyncrl_rollout_pause_seconds", "Generation paused per sync.", _SECONDS_BUCKETS
+    "asyncrl_rollout_pause_seconds", "Per sync, time the engine took no generation step.", _SECONDS_BUCKETS
 )
 TRAINER_STEP = _gauge("asyncrl_trainer_step", "Trainer optimizer steps completed.")
 TRAINER_LAST_STEP_TS = _gauge(

@@ -264,6 +264,7 @@ class RolloutWorker:
         record: dict[str, float] = {"version": plan.version}
         t0 = time.monotonic()
         paused_at: float | None = None
+        idle_from: float | None = None
         try:
             if self.engine.overlapped:
                 await asyncio.to_thread(link.ready, plan)
@@ -279,6 +280,7 @@ class RolloutWorker:
                 await self._drain()
                 paused_at = time.monotonic()
                 await self.engine.pause()
+                idle_from = time.monotonic()
                 self.m.preempted.inc(len(self._inflight))  # requests that continue under new weights
                 loaded = await self.engine.apply_prefetched(plan)
                 if loaded != received:
@@ -287,6 +289,7 @@ class RolloutWorker:
                 await self._drain()
                 paused_at = time.monotonic()
                 await self.engine.pause()
+                idle_from = time.monotonic()
                 self.m.preempted.inc(len(self._inflight))
                 await asyncio.to_thread(link.ready, plan)
                 roster = await asyncio.to_thread(link.roster, plan)
@@ -311,7 +314,12 @@ class RolloutWorker:
         finally:
             if paused_at is not None:
                 await self.engine.resume()
-                record["pause_s"] = time.monotonic() - paused_at
+                # The pause call returns once the engine has finished the step it was running
+                # (vLLM answers utility calls between steps): that wait still produced tokens, so it
+                # is recorded apart; the pause is the time the engine took no step.
+                resumed = time.monotonic()
+                idle_from = idle_from or resumed
+                record.update(pause_s=resumed - idle_from, pause_wait_s=idle_from - paused_at)
                 self.m.rollout_pause_seconds.observe(record["pause_s"])
             self._admit.set()
 

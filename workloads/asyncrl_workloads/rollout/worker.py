@@ -14,12 +14,8 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
   are frozen across the reload and continue under the new weights (their tokens then carry
   several versions); with ``false`` admission stops and in-flight groups finish first.
 
-One admission rule serves all three modes (so async and sync runs compare like with like): a
-replica may have started at most ``(versions loaded + maxStaleness + 1) x per-replica batch`` groups
-since it started (AReaL's bound). In ``sync`` (maxStaleness 0) that means: generate one batch,
-then wait for the next version. If no new version arrives for ``stall_release_s`` while
-admission is closed, one more batch is admitted (the trainer may be short of samples because a
-replica died; samples of the current version are never stale).
+How many groups a replica may start (the same rule in sync, one-step-off and async modes) is
+decided by ``rollout/admission.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +32,7 @@ from typing import Any
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.rewards import loader as reward_loader
+from asyncrl_workloads.rollout import admission as admission_mod
 from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.weightsync import base, replica
 
@@ -95,28 +91,14 @@ class RolloutWorker:
         self._order: list[int] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._generating: set[asyncio.Task[Any]] = set()
-        self._admit = asyncio.Event()
-        self._admit.set()
-        self._members = settings.replicas
-        self._updates = 0
-        self._extra_batches = 0
+        self.admission = admission_mod.Admission(
+            settings.max_staleness, settings.groups_per_version, settings.replicas, settings.stall_release_s
+        )
         self._idle_since: float | None = None
         self._idle_total = 0.0
         self._started_at = time.monotonic()
         self.failure: BaseException | None = None
         self._engine_epoch = 0
-        self._behind = False
-
-    # ---- admission -------------------------------------------------------------------------
-    def _per_replica(self) -> int:
-        return max(1, math.ceil(self.s.groups_per_version / max(1, self._members)))
-
-    def _allowed(self) -> int:
-        versions = self._updates + self.s.max_staleness + 1 + self._extra_batches
-        return versions * self._per_replica()
-
-    def _may_start(self) -> bool:
-        return self._admit.is_set() and not self._behind and self.stats.groups_started < self._allowed()
 
     # ---- generation loop -------------------------------------------------------------------
     def _next_record(self) -> Mapping[str, Any]:
@@ -126,23 +108,15 @@ class RolloutWorker:
         return self.records[self._order.pop()]
 
     async def _generation(self, stop: asyncio.Event) -> None:
-        blocked_since: float | None = None
-        version_when_blocked = -1
+        admission = self.admission
         while not stop.is_set():
-            if len(self._inflight) >= self.s.max_inflight_prompts or not self._may_start():
-                if self._admit.is_set() and not self._may_start() and len(self._inflight) == 0:
-                    if blocked_since is None or version_when_blocked != self.engine.version:
-                        blocked_since, version_when_blocked = time.monotonic(), self.engine.version
-                    elif time.monotonic() - blocked_since > self.s.stall_release_s:
-                        log.info(
-                            "no new version for %.0f s: admitting one more batch", self.s.stall_release_s
-                        )
-                        self._extra_batches += 1
-                        blocked_since = None
+            if len(self._inflight) >= self.s.max_inflight_prompts or not admission.may_start():
+                if not self._inflight and admission.stalled(self.engine.version, time.monotonic()):
+                    log.info("no new version for %.0f s: admitting one more batch", self.s.stall_release_s)
                 self._mark_idle(len(self._inflight) == 0)
                 await asyncio.sleep(self.s.poll_s)
                 continue
-            blocked_since = None
+            admission.started()
             self._mark_idle(False)
             index = self.stats.groups_started
             self.stats.groups_started += 1
@@ -245,14 +219,13 @@ class RolloutWorker:
                     continue
             if plan is not None and plan.version > self.engine.version:
                 if plan.includes(link.replica, link.incarnation):
-                    self._members = plan.registered or len(plan.candidates)
+                    self.admission.joined(plan)
                     await self._apply(plan)
                 else:
-                    # Samples more than maxStaleness behind would only be dropped: wait to join.
-                    self._behind = plan.version - self.engine.version > self.s.max_staleness
+                    paused = self.admission.left_out(plan, self.engine.version)
                     log.info(
                         "v%d announced without this replica (at v%d); joining at the next version%s",
-                        plan.version, self.engine.version, ", generation paused" if self._behind else "",
+                        plan.version, self.engine.version, ", generation paused" if paused else "",
                     )  # fmt: skip
             await asyncio.sleep(self.s.poll_s)
 
@@ -301,8 +274,7 @@ class RolloutWorker:
                 await asyncio.to_thread(link.ack, plan, loaded, record["transfer_s"])
             self.m.param_version.set(plan.version)
             self.m.weight_sync_seconds.observe(record["transfer_s"])
-            self._behind = False
-            self._updates += 1
+            self.admission.version_loaded()
             self.stats.updates.append(record)
         except base.EngineUnusable as exc:
             log.error("v%d: %s; stopping so the replica restarts", plan.version, exc)
@@ -321,7 +293,7 @@ class RolloutWorker:
                 idle_from = idle_from or resumed
                 record.update(pause_s=resumed - idle_from, pause_wait_s=idle_from - paused_at)
                 self.m.rollout_pause_seconds.observe(record["pause_s"])
-            self._admit.set()
+            self.admission.reopen()
 
     async def _in(self, roster: base.Roster, plan: base.Plan) -> bool:
         assert self.link is not None
@@ -335,7 +307,7 @@ class RolloutWorker:
         """partialRollout false: stop admitting and let in-flight groups finish under the old weights."""
         if self.s.partial_rollout:
             return
-        self._admit.clear()
+        self.admission.close()
         while self._inflight:
             await asyncio.sleep(self.s.poll_s / 4)
 

@@ -18,26 +18,26 @@ without samples no step - and no next version - would ever come.
 Other ranks mirror rank 0: every decision after a step (checkpoint, sync) is a function of the step
 number, so only the batch travels. While rank 0 waits for data it broadcasts a heartbeat so the other
 ranks' collectives never hit the process-group timeout. Left out: validation runs, KL to a reference.
+
+What rank 0 records about each step (counters, metrics, the JSON step log, the progress report)
+lives in trainer/steplog.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
-import json
 import logging
 import os
 import pathlib
 import signal
-import statistics
 import time
 from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
-from asyncrl_workloads.bus import codec, jetstream
+from asyncrl_workloads.bus import codec
 from asyncrl_workloads.trainer import backend as backend_mod
-from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress
+from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress, steplog
 from asyncrl_workloads.weightsync import checksum
 
 log = logging.getLogger(__name__)
@@ -122,15 +122,8 @@ class Leader:
         self.settings, self.world, self.backend = settings, world, backend
         self.checkpointer, self.intake, self.nc = checkpointer, intake, nc
         self.announce_subject, self.sender = announce_subject, sender
-        self.metrics, self.reporter = metrics, reporter
-        self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
-        self.queue_full_reported = 0
-        self.queue_depth = 0
-        self.stored = 0
-        self.started = time.monotonic()
-        self.consumed_at_start = intake.ledger.consumed_total
-        self.catch_ups: list[dict[str, Any]] = []
-        """Catch-up rounds since the last step (reported with the next step)."""
+        self.metrics = metrics
+        self.steplog = steplog.StepLog(settings.step_log, intake, metrics, reporter)
 
     async def _bcast(self, message: tuple[str, Any]) -> None:
         if self.world.size > 1:
@@ -143,7 +136,7 @@ class Leader:
                 return taken
             await self._bcast(("idle", None))
             await self._catch_up(state)
-            await self._refresh_queue()
+            await self.steplog.refresh_queue()
             self._report(state, {}, force=False)
 
     async def run(self, state: State, stop: asyncio.Event, sync_first: bool) -> None:
@@ -170,13 +163,13 @@ class Leader:
             for t in taken:
                 await t.received.msg.ack()
             await self.nc.flush()
-            self._account(taken, waited, time.monotonic() - t0)
+            self.steplog.account(taken, waited, time.monotonic() - t0)
             sync_report = None
             if state.step % self.settings.sync_every_steps == 0:
                 state.version += 1
                 sync_report = await self._sync(state)
-            await self._refresh_queue()
-            self._log_step(state, step_metrics, taken, sync_report)
+            await self.steplog.refresh_queue()
+            self.steplog.write(state.step, state.version, step_metrics, taken, sync_report)
             self._report(state, step_metrics, force=False)
         if (
             self.checkpointer is not None
@@ -187,7 +180,7 @@ class Leader:
             await self._bcast(("checkpoint", None))
             await asyncio.to_thread(self._save, state)
         await self._bcast(("stop", None))
-        await self._refresh_queue()
+        await self.steplog.refresh_queue()
         self._report(state, {}, force=True)
 
     def _fresh_gap(self, taken: list[inbox.Taken], version: int) -> dict[str, float]:
@@ -213,7 +206,7 @@ class Leader:
             return
         log.info("weight sync v%d: catching up replicas %s while waiting for samples", state.version, late)
         await self._bcast(("sync", None))
-        self.catch_ups.append(await self._sync(state, only=late))
+        self.steplog.catch_up(await self._sync(state, only=late))
 
     async def _sync(self, state: State, only: list[int] | None = None) -> dict[str, Any]:
         if only is None:  # a catch-up repeats a version already announced
@@ -249,88 +242,7 @@ class Leader:
             )  # fmt: skip
         return out
 
-    def _account(self, taken: list[inbox.Taken], waited: float, total: float) -> None:
-        m = self.metrics
-        m.consumed.inc(len(taken))
-        for t in taken:
-            m.staleness.observe(t.staleness)
-            self.recent_staleness.append(t.staleness)
-            self.intake.filter.consume(t.staleness)
-        m.trainer_idle.set(waited / total if total > 0 else 0.0)
-
-    async def _refresh_queue(self) -> None:
-        state = await self.intake.consumer.state()
-        self.queue_depth = state.messages
-        self.metrics.queue_depth.set(state.messages)
-        self.metrics.queue_oldest_age.set(state.oldest_age_s)
-        held = [r.stream_seq for r in self.intake.batcher.handles()]
-        dropped = jetstream.queue_full_drops(state, self.intake.ledger.acked_total, held)
-        if dropped > self.queue_full_reported:
-            self.metrics.dropped["queue_full"].inc(dropped - self.queue_full_reported)
-            self.queue_full_reported = dropped
-        self.stored = state.last_seq
-
-    def counters(self) -> dict[str, int]:
-        led = self.intake.ledger
-        return {
-            "consumed": led.consumed_total,
-            "dropped_stale": led.dropped_stale,
-            "dropped_invalid": led.dropped_invalid,
-            "dropped_queue_full": self.queue_full_reported,
-            "queue_depth": self.queue_depth,
-            "stored": self.stored,
-            "redeliveries_skipped": self.intake.redeliveries_skipped,
-        }
-
-    def _log_step(
-        self,
-        state: State,
-        step_metrics: dict[str, float],
-        taken: list[inbox.Taken],
-        sync_report: dict[str, Any] | None,
-    ) -> None:
-        m = self.metrics
-        m.trainer_step.set(state.step)
-        m.trainer_last_step_ts.set(time.time())
-        catch_ups, self.catch_ups = self.catch_ups, []
-        if self.settings.step_log is None:
-            return
-        record: dict[str, Any] = {
-            "step": state.step,
-            "time": time.time(),
-            "version": state.version,
-            **step_metrics,
-            "staleness": [t.staleness for t in taken],
-            "ids": [t.trajectory.id for t in taken],
-            "counters": self.counters(),
-            "sync": sync_report,
-        }
-        if catch_ups:
-            record["catch_up"] = catch_ups
-        with open(self.settings.step_log, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-
     def _report(self, state: State, step_metrics: dict[str, float], force: bool) -> None:
-        recent = list(self.recent_staleness)
-        body = {
-            "step": state.step,
-            "paramVersion": state.version,
-            "samplesConsumed": self.intake.ledger.consumed_total,
-            "staleness": {
-                "p50": float(statistics.median(recent)) if recent else 0.0,
-                "max": max(recent, default=0),
-            },
-            "queueDepth": self.queue_depth,
-        }
-        if state.step_time is not None:
-            body["stepTime"] = progress.rfc3339(state.step_time)
-        if state.last_sync_time is not None:
-            body["lastSyncTime"] = progress.rfc3339(state.last_sync_time)
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        extras = {
-            "reward": step_metrics.get("reward_mean"),
-            "samplesPerSecond": (self.intake.ledger.consumed_total - self.consumed_at_start) / elapsed,
-            "counters": self.counters(),
-            "updated": time.time(),
-        }
-        self.reporter.report(body, extras, force=force)
+        self.steplog.report(
+            state.step, state.version, state.step_time, state.last_sync_time, step_metrics, force
+        )

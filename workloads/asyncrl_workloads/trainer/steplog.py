@@ -1,0 +1,154 @@
+"""What trainer rank 0 records about its steps: counters, metrics, the JSON step log, the progress report.
+
+Called by trainer/loop.py (``Leader``) only: ``account`` after each step's samples are acked,
+``refresh_queue`` after each step and while waiting for samples, ``catch_up`` for each catch-up
+round, ``write`` once per step and ``report`` after each step, while waiting, and once (forced) at
+the end.
+
+The step log is one JSON object per line, appended to ``LoopSettings.step_log`` (the local runner,
+the e2e tests and tools/asyncrl_testing/bench_modes.py read it): ``step``, ``time``, ``version``,
+the backend's step metrics, ``staleness`` and ``ids`` of the step's samples (in batch order),
+``counters`` (see ``counters``), ``sync`` (the sync report, or null when the step did not sync) and,
+when catch-up rounds ran since the previous step, ``catch_up`` (their sync reports).
+
+The progress report is the job's ``status.progress`` (trainer/progress.py throttles and writes it)
+with local extras: the last step's mean reward, samples per second since this process started and
+the counters.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import statistics
+import time
+from typing import Any
+
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import jetstream
+from asyncrl_workloads.trainer import inbox, progress
+
+
+class StepLog:
+    """Rank 0's counters since this process started, and where they are written."""
+
+    def __init__(
+        self,
+        path: pathlib.Path | None,
+        intake: inbox.Inbox,
+        metrics: metrics_mod.Bound,
+        reporter: progress.Reporter,
+    ) -> None:
+        self.path, self.intake, self.metrics, self.reporter = path, intake, metrics, reporter
+        self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
+        self.queue_full_reported = 0
+        self.queue_depth = 0
+        self.stored = 0
+        self.started = time.monotonic()
+        self.consumed_at_start = intake.ledger.consumed_total
+        self.catch_ups: list[dict[str, Any]] = []
+        """Catch-up rounds since the last step (reported with the next step)."""
+
+    def account(self, taken: list[inbox.Taken], waited: float, total: float) -> None:
+        """A step's samples were acked: count them (metrics, staleness filter) and the time waited."""
+        m = self.metrics
+        m.consumed.inc(len(taken))
+        for t in taken:
+            m.staleness.observe(t.staleness)
+            self.recent_staleness.append(t.staleness)
+            self.intake.filter.consume(t.staleness)
+        m.trainer_idle.set(waited / total if total > 0 else 0.0)
+
+    async def refresh_queue(self) -> None:
+        """Read the bus consumer's state: queue depth and age, and samples the full stream dropped."""
+        state = await self.intake.consumer.state()
+        self.queue_depth = state.messages
+        self.metrics.queue_depth.set(state.messages)
+        self.metrics.queue_oldest_age.set(state.oldest_age_s)
+        held = [r.stream_seq for r in self.intake.batcher.handles()]
+        dropped = jetstream.queue_full_drops(state, self.intake.ledger.acked_total, held)
+        if dropped > self.queue_full_reported:
+            self.metrics.dropped["queue_full"].inc(dropped - self.queue_full_reported)
+            self.queue_full_reported = dropped
+        self.stored = state.last_seq
+
+    def catch_up(self, sync_report: dict[str, Any]) -> None:
+        self.catch_ups.append(sync_report)
+
+    def counters(self) -> dict[str, int]:
+        led = self.intake.ledger
+        return {
+            "consumed": led.consumed_total,
+            "dropped_stale": led.dropped_stale,
+            "dropped_invalid": led.dropped_invalid,
+            "dropped_queue_full": self.queue_full_reported,
+            "queue_depth": self.queue_depth,
+            "stored": self.stored,
+            "redeliveries_skipped": self.intake.redeliveries_skipped,
+        }
+
+    def write(
+        self,
+        step: int,
+        version: int,
+        step_metrics: dict[str, float],
+        taken: list[inbox.Taken],
+        sync_report: dict[str, Any] | None,
+    ) -> None:
+        """Step ``step`` is done (at ``version`` after its sync): set the step metrics and append its
+        line to the step log."""
+        m = self.metrics
+        m.trainer_step.set(step)
+        m.trainer_last_step_ts.set(time.time())
+        catch_ups, self.catch_ups = self.catch_ups, []
+        if self.path is None:
+            return
+        record: dict[str, Any] = {
+            "step": step,
+            "time": time.time(),
+            "version": version,
+            **step_metrics,
+            "staleness": [t.staleness for t in taken],
+            "ids": [t.trajectory.id for t in taken],
+            "counters": self.counters(),
+            "sync": sync_report,
+        }
+        if catch_ups:
+            record["catch_up"] = catch_ups
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def report(
+        self,
+        step: int,
+        version: int,
+        step_time: float | None,
+        last_sync_time: float | None,
+        step_metrics: dict[str, float],
+        force: bool,
+    ) -> None:
+        """Hand the progress report to the reporter (which throttles unless ``force``)."""
+        recent = list(self.recent_staleness)
+        body = {
+            "step": step,
+            "paramVersion": version,
+            "samplesConsumed": self.intake.ledger.consumed_total,
+            "staleness": {
+                "p50": float(statistics.median(recent)) if recent else 0.0,
+                "max": max(recent, default=0),
+            },
+            "queueDepth": self.queue_depth,
+        }
+        if step_time is not None:
+            body["stepTime"] = progress.rfc3339(step_time)
+        if last_sync_time is not None:
+            body["lastSyncTime"] = progress.rfc3339(last_sync_time)
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        extras = {
+            "reward": step_metrics.get("reward_mean"),
+            "samplesPerSecond": (self.intake.ledger.consumed_total - self.consumed_at_start) / elapsed,
+            "counters": self.counters(),
+            "updated": time.time(),
+        }
+        self.reporter.report(body, extras, force=force)

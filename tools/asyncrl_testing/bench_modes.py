@@ -14,6 +14,8 @@ job.json``, identity from env) against one embedded nats-server, in four phases:
     consumed/s from its step log (ASYNCRL_STEP_LOG). maxStaleness 1024 so version-0 samples stay usable.
     The window ends when the queue runs dry, so the pre-fill bounds how many steps are measured.
 (c) async (maxStaleness 2) and (d) sync (maxStaleness 0): both processes; consumed/s from the step log.
+With ``--rounds K`` (K > 1): (a) (b) (c) K times, then (a) again, then (d); P1 is the median of the
+rounds' c_i / min(mean(a_i, a_i+1), b_i), P2 = median c / d (see ``run_rounds``).
 
 Everything else is the same spec in every phase. The trainer's lr defaults to 1e-12: the policy is
 held still, so every phase samples the same (long-tailed) length distribution — with a learning policy
@@ -285,9 +287,9 @@ class Bench:
             "prefill_for_b": int(m1[PRODUCED]),
         }
 
-    def trainer_only(self) -> dict[str, Any]:
-        cfg, port = self.config("modes-ab", "async", 1024), self.port()
-        log = self.work / "b-steps.jsonl"
+    def trainer_only(self, job: str = "modes-ab") -> dict[str, Any]:
+        cfg, port = self.config(job, "async", 1024), self.port()
+        log = self.work / f"b-{job}-steps.jsonl"
         tr = Proc("b-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
                   trainer_env(self.work, "b", port), self.tcore)  # fmt: skip
         try:
@@ -311,9 +313,10 @@ class Bench:
         out["queue_ran_dry"] = dry
         return out
 
-    def joint(self, mode: str) -> dict[str, Any]:
-        cfg, tport, rport = self.config(f"modes-{mode}", mode, None), self.port(), self.port()
-        log = self.work / f"{mode}-steps.jsonl"
+    def joint(self, mode: str, job: str = "") -> dict[str, Any]:
+        job = job or f"modes-{mode}"
+        cfg, tport, rport = self.config(job, mode, None), self.port(), self.port()
+        log = self.work / f"{job}-steps.jsonl"
         tr = Proc(f"{mode}-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
                   trainer_env(self.work, mode, tport), self.tcore)  # fmt: skip
         roll = Proc(f"{mode}-rollout", self.a.rollout_module, cfg, self.work,
@@ -343,6 +346,29 @@ class Bench:
         out["pauses"] = int(pauses)
         out["pause_s_mean"] = round((m1[PAUSE_SUM] - m0[PAUSE_SUM]) / pauses, 4) if pauses else None
         return out
+
+
+def run_rounds(bench: Bench, count: int) -> list[dict[str, Any]]:
+    """(a_i) (b_i) (c_i) for each round, then one more (a): P1_i = c_i / min(mean(a_i, a_i+1), b_i).
+
+    This machine's speed drifts by 10-20% within minutes (a shared host): phases run back to back
+    and a median over rounds compare like with like where one long run of each phase does not.
+    Every phase has its own job (stream, step log)."""
+    a = [bench.rollout_only("modes-r0-a")]
+    print("a0", json.dumps(a[0]), flush=True)
+    rounds = []
+    for i in range(count):
+        b = bench.trainer_only(f"modes-r{i}-a")  # (b) trains on (a_i)'s samples
+        print(f"b{i}", json.dumps(b), flush=True)
+        c = bench.joint("async", f"modes-r{i}-async")
+        print(f"c{i}", json.dumps(c), flush=True)
+        a.append(bench.rollout_only(f"modes-r{i + 1}-a"))
+        print(f"a{i + 1}", json.dumps(a[-1]), flush=True)
+        bound = min(statistics.mean([a[i]["per_s"], a[i + 1]["per_s"]]), b["per_s"])
+        rounds.append({"rollout_only": a[i], "rollout_only_next": a[i + 1], "trainer_only": b, "async": c,
+                       "bound": round(bound, 2), "p1": round(c["per_s"] / bound, 3)})  # fmt: skip
+        print(f"round {i}: P1 {rounds[-1]['p1']}", flush=True)
+    return rounds
 
 
 def scrape_ok(port: int, name: str) -> float:
@@ -389,6 +415,10 @@ def main() -> int:
         "--rollout-module", default="asyncrl_workloads.entrypoints.rollout",
         help="the rollout entry point of phases (c)/(d) (experiments: a module on PYTHONPATH)",
     )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="> 1: interleave (a) (b) (c) that many times, then (a) once more; P1 = the median round",
+    )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="write and validate the configs, run nothing")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -419,7 +449,12 @@ def main() -> int:
             phases: dict[str, Any] = {}
             wanted = args.phases.split(",")
             lengths: dict[str, Any] = {}
-            if "rollout_only" in wanted:
+            rounds: list[dict[str, Any]] = []
+            if args.rounds > 1:
+                rounds = run_rounds(bench, args.rounds)
+                lengths = sample_lengths(server.url, "modes-r0-a")
+                wanted = [p for p in wanted if p == "sync"]
+            elif "rollout_only" in wanted:
                 phases["rollout_only"] = bench.rollout_only()
                 print("a", json.dumps(phases["rollout_only"]), flush=True)
                 lengths = sample_lengths(server.url, "modes-ab")
@@ -437,12 +472,17 @@ def main() -> int:
     a, a2, b, c, d = (phases.get(k, {}).get("per_s") for k in names)
     a = statistics.mean([a, a2]) if a and a2 else a
     bound = min(a, b) if a and b else None
+    p1 = round(c / bound, 3) if c and bound else None
+    if rounds:  # the median round; P2 against the median async rate
+        p1 = statistics.median(r["p1"] for r in rounds)
+        c = statistics.median(r["async"]["per_s"] for r in rounds)
     result = {
         "benchmark": "P1/P2 modes",
-        "p1": round(c / bound, 3) if c and bound else None,
+        "p1": p1,
         "p2": round(c / d, 3) if c and d else None,
         "rollout_only_mean": round(a, 2) if a else None,
         "phases": phases,
+        "rounds": rounds,
         "response_lengths": lengths,
         "pinning": pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),
         "affinity": bench.affinity,
@@ -450,6 +490,7 @@ def main() -> int:
                      "n": 8, "batch_prompts": args.prompts, "max_inflight_prompts": 16,
                      "async_max_staleness": args.staleness, "lr": args.lr, "rollout_replicas": 1,
                      "trainer_replicas": 1, "kv_cache_on_update": args.kv_cache_on_update,
+                     "rounds": args.rounds,
                      "model": "tiny (2 layers, hidden 128, random init)"},
         "load_avg_start": [round(x, 2) for x in load], "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(), "wall_s": round(time.monotonic() - t_begin, 1),

@@ -8,11 +8,12 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
 - **generation**: up to ``max_inflight_prompts`` groups at once; each group is one vLLM request
   with ``n`` samples; every sample becomes one ``Trajectory`` (token ids, processed behaviour
   logprobs, the policy version of every token, reward) published to the bus.
-- **control**: polls the rendezvous for plans; for a plan that includes this replica it joins
-  the round, receives the weights while still generating (gloo; see ``weightsync/gloo.py``),
-  acks, then pauses only to reload and resumes. With ``partialRollout: true`` in-flight requests
-  are frozen across the reload and continue under the new weights (their tokens then carry
-  several versions); with ``false`` admission stops and in-flight groups finish first.
+- **control**: polls the rendezvous for plans; for a plan that includes this replica it runs
+  the weight-update round (``rollout/update.py``: with gloo the weights are received while still
+  generating and the engine pauses only to reload). With ``partialRollout: true`` in-flight
+  requests are frozen across the reload and continue under the new weights (their tokens then
+  carry several versions); with ``false`` admission stops and in-flight groups finish first. A
+  round that leaves the engine unusable stops the replica (the pod restarts).
 
 How many groups a replica may start (the same rule in sync, one-step-off and async modes) is
 decided by ``rollout/admission.py``.
@@ -34,6 +35,7 @@ from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.rewards import loader as reward_loader
 from asyncrl_workloads.rollout import admission as admission_mod
 from asyncrl_workloads.rollout import engine as engine_mod
+from asyncrl_workloads.rollout import update as update_mod
 from asyncrl_workloads.weightsync import base, replica
 
 log = logging.getLogger(__name__)
@@ -196,6 +198,10 @@ class RolloutWorker:
     async def _control(self, stop: asyncio.Event) -> None:
         assert self.link is not None
         link = self.link
+        updater = update_mod.Updater(
+            self.engine, link, self.m, self.admission, self._inflight,
+            partial_rollout=self.s.partial_rollout, poll_s=self.s.poll_s,
+        )  # fmt: skip
         unreachable_logged = False
         while not stop.is_set():
             try:
@@ -220,7 +226,13 @@ class RolloutWorker:
             if plan is not None and plan.version > self.engine.version:
                 if plan.includes(link.replica, link.incarnation):
                     self.admission.joined(plan)
-                    await self._apply(plan)
+                    try:
+                        record = await updater.apply(plan)
+                    except base.EngineUnusable as exc:  # half-loaded weights: stop, the pod restarts
+                        self.failure = exc
+                    else:
+                        if record is not None:
+                            self.stats.updates.append(record)
                 else:
                     paused = self.admission.left_out(plan, self.engine.version)
                     log.info(
@@ -228,88 +240,6 @@ class RolloutWorker:
                         plan.version, self.engine.version, ", generation paused" if paused else "",
                     )  # fmt: skip
             await asyncio.sleep(self.s.poll_s)
-
-    async def _apply(self, plan: base.Plan) -> None:
-        """One round on this replica. Gloo (overlapped): ready at once, receive in the engine
-        workers while generating, ack, then pause only to reload. NCCL: pause, then receive+load."""
-        assert self.link is not None
-        link = self.link
-        record: dict[str, float] = {"version": plan.version}
-        t0 = time.monotonic()
-        paused_at: float | None = None
-        idle_from: float | None = None
-        try:
-            if self.engine.overlapped:
-                await asyncio.to_thread(link.ready, plan)
-                roster = await asyncio.to_thread(link.roster, plan)
-                if not await self._in(roster, plan):
-                    return
-                t_roster = time.monotonic()
-                await self.engine.prefetch(plan, roster)
-                received = await asyncio.to_thread(link.wait_received, plan)
-                t_received = time.monotonic()
-                await asyncio.to_thread(link.ack, plan, received, t_received - t_roster)
-                record.update(wait_roster_s=t_roster - t0, transfer_s=t_received - t_roster)
-                await self._drain()
-                paused_at = time.monotonic()
-                await self.engine.pause()
-                idle_from = time.monotonic()
-                self.m.preempted.inc(len(self._inflight))  # requests that continue under new weights
-                loaded = await self.engine.apply_prefetched(plan)
-                if loaded != received:
-                    raise RuntimeError(f"loaded checksum {loaded} != received {received}")
-            else:
-                await self._drain()
-                paused_at = time.monotonic()
-                await self.engine.pause()
-                idle_from = time.monotonic()
-                self.m.preempted.inc(len(self._inflight))
-                await asyncio.to_thread(link.ready, plan)
-                roster = await asyncio.to_thread(link.roster, plan)
-                if not await self._in(roster, plan):
-                    return
-                t_roster = time.monotonic()
-                loaded = await self.engine.update(plan, roster)
-                record.update(wait_roster_s=t_roster - t0, transfer_s=time.monotonic() - t_roster)
-                await asyncio.to_thread(link.ack, plan, loaded, record["transfer_s"])
-            self.m.param_version.set(plan.version)
-            self.m.weight_sync_seconds.observe(record["transfer_s"])
-            self.admission.version_loaded()
-            self.stats.updates.append(record)
-        except base.EngineUnusable as exc:
-            log.error("v%d: %s; stopping so the replica restarts", plan.version, exc)
-            self.failure = exc
-        except Exception as exc:  # TrainerUnreachable, TransferFailed, a deadline, a broken group
-            log.warning("v%d: weight update failed (%s); keeping v%d", plan.version, exc, self.engine.version)
-            with contextlib.suppress(replica.TrainerUnreachable):
-                await asyncio.to_thread(link.rejoin)
-        finally:
-            if paused_at is not None:
-                await self.engine.resume()
-                # The pause call returns once the engine has finished the step it was running
-                # (vLLM answers utility calls between steps): that wait still produced tokens, so it
-                # is recorded apart; the pause is the time the engine took no step.
-                resumed = time.monotonic()
-                idle_from = idle_from or resumed
-                record.update(pause_s=resumed - idle_from, pause_wait_s=idle_from - paused_at)
-                self.m.rollout_pause_seconds.observe(record["pause_s"])
-            self.admission.reopen()
-
-    async def _in(self, roster: base.Roster, plan: base.Plan) -> bool:
-        assert self.link is not None
-        if roster.member(self.link.replica, self.link.incarnation) is not None:
-            return True
-        log.warning("v%d: left out of the roster; joining at the next version", plan.version)
-        await asyncio.to_thread(self.link.rejoin)
-        return False
-
-    async def _drain(self) -> None:
-        """partialRollout false: stop admitting and let in-flight groups finish under the old weights."""
-        if self.s.partial_rollout:
-            return
-        self.admission.close()
-        while self._inflight:
-            await asyncio.sleep(self.s.poll_s / 4)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Generate and follow the trainer until ``stop`` is set or the engine fails."""

@@ -70,7 +70,9 @@ def namespace(cluster: cluster_mod.Cluster, request: pytest.FixtureRequest) -> I
     cluster.kubectl("create", "namespace", name)
     cluster_wait.wait_until(
         lambda: cluster.api(f"/api/v1/namespaces/{name}/serviceaccounts/default").status,
-        lambda status: status == 200, f"the default ServiceAccount in {name}", timeout=30,
+        lambda status: status == 200,
+        f"the default ServiceAccount in {name}",
+        timeout=30,
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")

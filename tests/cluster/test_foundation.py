@@ -31,8 +31,11 @@ def get(kubectl: Any, *args: str) -> Any:
 
 
 def gpu_pod_spec(gpus: int) -> dict[str, Any]:
-    return {"containers": [{"name": "main", "image": IMAGE,
-                            "resources": {"limits": {cluster_nodes.GPU_RESOURCE: str(gpus)}}}]}
+    return {
+        "containers": [
+            {"name": "main", "image": IMAGE, "resources": {"limits": {cluster_nodes.GPU_RESOURCE: str(gpus)}}}
+        ]
+    }
 
 
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -43,10 +46,13 @@ def test_gpu_statefulset_runs_on_kwok_gpu_nodes_and_oversized_pod_is_unschedulab
     cluster, kubectl, namespace
 ):
     sts = {
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
         "metadata": {"name": "gpu-workers", "namespace": namespace},
         "spec": {
-            "replicas": 3, "serviceName": "gpu-workers", "podManagementPolicy": "Parallel",
+            "replicas": 3,
+            "serviceName": "gpu-workers",
+            "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": {"app": "gpu-workers"}},
             "template": {"metadata": {"labels": {"app": "gpu-workers"}}, "spec": gpu_pod_spec(1)},
         },
@@ -55,23 +61,34 @@ def test_gpu_statefulset_runs_on_kwok_gpu_nodes_and_oversized_pod_is_unschedulab
     pods = cluster_wait.wait_until(
         lambda: get(kubectl, "pods", "-n", namespace, "-l", "app=gpu-workers")["items"],
         lambda items: len(items) == 3 and all(p["status"].get("phase") == "Running" for p in items),
-        "3 GPU pods Running", timeout=90,
+        "3 GPU pods Running",
+        timeout=90,
     )
     for pod in pods:
         node = get(kubectl, "node", pod["spec"]["nodeName"])
         assert pod["spec"]["nodeName"] in cluster.gpu_nodes
         assert node["metadata"]["labels"][cluster_nodes.GPU_PRODUCT_LABEL] == cluster_nodes.GPU_PRODUCT
         assert condition(pod, "Ready").get("status") == "True"
-    cluster_wait.wait_until(lambda: get(kubectl, "statefulset", "gpu-workers", "-n", namespace)["status"],
-                            lambda status: status.get("readyReplicas") == 3, "StatefulSet readyReplicas=3")
+    cluster_wait.wait_until(
+        lambda: get(kubectl, "statefulset", "gpu-workers", "-n", namespace)["status"],
+        lambda status: status.get("readyReplicas") == 3,
+        "StatefulSet readyReplicas=3",
+    )
 
     too_big = cluster_nodes.GPUS_PER_NODE + 1
-    greedy = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "greedy", "namespace": namespace},
-              "spec": gpu_pod_spec(too_big)}
+    greedy = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "greedy", "namespace": namespace},
+        "spec": gpu_pod_spec(too_big),
+    }
     kubectl("apply", "-f", "-", input=json.dumps(greedy))
-    pod = cluster_wait.wait_until(lambda: get(kubectl, "pod", "greedy", "-n", namespace),
-                                  lambda p: condition(p, "PodScheduled").get("reason") == "Unschedulable",
-                                  "PodScheduled=False/Unschedulable on a 9-GPU pod", timeout=60)
+    pod = cluster_wait.wait_until(
+        lambda: get(kubectl, "pod", "greedy", "-n", namespace),
+        lambda p: condition(p, "PodScheduled").get("reason") == "Unschedulable",
+        "PodScheduled=False/Unschedulable on a 9-GPU pod",
+        timeout=60,
+    )
     scheduled = condition(pod, "PodScheduled")
     assert scheduled["status"] == "False"
     assert f"Insufficient {cluster_nodes.GPU_RESOURCE}" in scheduled["message"]
@@ -89,15 +106,25 @@ def test_python_client_factory_sees_the_gpu_nodes(cluster, kube_api):
 def test_rbac_denies_a_service_account_without_rights(cluster, kubectl, namespace):
     kubectl("create", "serviceaccount", "nobody", "-n", namespace)
     kubectl("create", "role", "read-configmaps", "--verb=list", "--resource=configmaps", "-n", namespace)
-    kubectl("create", "rolebinding", "nobody-reads-configmaps", "--role=read-configmaps",
-            f"--serviceaccount={namespace}:nobody", "-n", namespace)
+    kubectl(
+        "create",
+        "rolebinding",
+        "nobody-reads-configmaps",
+        "--role=read-configmaps",
+        f"--serviceaccount={namespace}:nobody",
+        "-n",
+        namespace,
+    )
     user = f"system:serviceaccount:{namespace}:nobody"
 
     denied = kubectl("auth", "can-i", "list", "pods", "-n", namespace, f"--as={user}", check=False)
     assert (denied.returncode, denied.stdout.strip()) == (1, "no")
     allowed = cluster_wait.wait_until(
         lambda: kubectl("auth", "can-i", "list", "configmaps", "-n", namespace, f"--as={user}", check=False),
-        lambda done: done.returncode == 0, "the RoleBinding to take effect", timeout=30)
+        lambda done: done.returncode == 0,
+        "the RoleBinding to take effect",
+        timeout=30,
+    )
     assert allowed.stdout.strip() == "yes"
 
     token = kubectl("create", "token", "nobody", "-n", namespace, "--duration=10m").stdout.strip()
@@ -111,25 +138,46 @@ def test_rbac_denies_a_service_account_without_rights(cluster, kubectl, namespac
 
 
 WIDGET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "widgets.foundation.asyncrl.test"},
     "spec": {
-        "group": "foundation.asyncrl.test", "scope": "Namespaced",
+        "group": "foundation.asyncrl.test",
+        "scope": "Namespaced",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-            "type": "object",
-            "properties": {"spec": {"type": "object", "required": ["replicas"], "properties": {
-                "replicas": {"type": "integer", "minimum": 1, "maximum": 8},
-                "mode": {"type": "string", "enum": ["sync", "async"]},
-            }}},
-        }}}],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["replicas"],
+                                "properties": {
+                                    "replicas": {"type": "integer", "minimum": 1, "maximum": 8},
+                                    "mode": {"type": "string", "enum": ["sync", "async"]},
+                                },
+                            }
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
 
 def widget(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "foundation.asyncrl.test/v1", "kind": "Widget",
-            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    return {
+        "apiVersion": "foundation.asyncrl.test/v1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
 def test_crd_schema_rejects_a_violating_object(cluster, kubectl, namespace):
@@ -159,9 +207,15 @@ def test_garbage_collector_removes_an_owned_configmap(kubectl, namespace):
     kubectl("create", "configmap", "owner", "-n", namespace)
     kubectl("create", "configmap", "bystander", "-n", namespace)
     owner_uid = get(kubectl, "configmap", "owner", "-n", namespace)["metadata"]["uid"]
-    owned = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "owned", "namespace": namespace,
-        "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}]}}
+    owned = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "owned",
+            "namespace": namespace,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}],
+        },
+    }
     kubectl("apply", "-f", "-", input=json.dumps(owned))
     time.sleep(2)  # give a wrongly eager collector a chance to show itself
     refs = get(kubectl, "configmap", "owned", "-n", namespace)["metadata"]["ownerReferences"]
@@ -177,8 +231,18 @@ def test_garbage_collector_removes_an_owned_configmap(kubectl, namespace):
 
 
 def test_helm_installs_and_uninstalls_a_chart(helm, kubectl, namespace):
-    helm("install", "smoke", str(CHART), "-n", namespace, "--set", "greeting=hi-from-test", "--wait",
-         "--timeout", "60s")
+    helm(
+        "install",
+        "smoke",
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        "greeting=hi-from-test",
+        "--wait",
+        "--timeout",
+        "60s",
+    )
     installed = get(kubectl, "configmap", "smoke-trivial", "-n", namespace)
     assert installed["data"] == {"greeting": "hi-from-test"}
     releases = json.loads(helm("list", "-n", namespace, "-o", "json").stdout)
@@ -193,10 +257,16 @@ def test_helm_installs_and_uninstalls_a_chart(helm, kubectl, namespace):
 def _etcd_argv(data_dir: pathlib.Path, client_port: int) -> list[str]:
     peer = f"http://127.0.0.1:{cluster_mod.free_port()}"
     client = f"http://127.0.0.1:{client_port}"
-    return [str(cluster_bins.expected_paths()["etcd"][0]), "--name=t", f"--data-dir={data_dir}",
-            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=t={peer}"]
+    return [
+        str(cluster_bins.expected_paths()["etcd"][0]),
+        "--name=t",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=t={peer}",
+    ]
 
 
 def alive(pid: int) -> bool:
@@ -238,8 +308,12 @@ def test_components_die_with_the_process_that_started_them(tmp_path):
         time.sleep(300)
     """)
     tools = str(pathlib.Path(__file__).resolve().parents[2] / "tools")
-    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                               env={"PYTHONPATH": tools, "PATH": "/usr/bin:/bin"})
+    harness = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": tools, "PATH": "/usr/bin:/bin"},
+    )
     try:
         etcd_pid = int(harness.stdout.readline())
     finally:
@@ -248,8 +322,13 @@ def test_components_die_with_the_process_that_started_them(tmp_path):
         harness.stdout.close()
     assert etcd_pid != harness.pid
     try:
-        cluster_wait.wait_until(lambda: alive(etcd_pid), lambda running: not running,
-                                f"etcd (pid {etcd_pid}) to die with its parent", timeout=10, interval=0.1)
+        cluster_wait.wait_until(
+            lambda: alive(etcd_pid),
+            lambda running: not running,
+            f"etcd (pid {etcd_pid}) to die with its parent",
+            timeout=10,
+            interval=0.1,
+        )
     finally:
         if alive(etcd_pid):  # the test failed: don't leave the orphan behind
             os.killpg(etcd_pid, signal.SIGKILL)

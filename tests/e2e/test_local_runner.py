@@ -49,15 +49,26 @@ def _records(run_dir: pathlib.Path) -> list[dict]:
 
 
 def _runner(run_dir: pathlib.Path, *extra: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "asyncrl_workloads.cli", "run", str(EXAMPLE), "--run-dir", str(run_dir),
-            "--poll", "1", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "asyncrl_workloads.cli",
+        "run",
+        str(EXAMPLE),
+        "--run-dir",
+        str(run_dir),
+        "--poll",
+        "1",
+        *extra,
+    ]
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _tail(run_dir: pathlib.Path) -> str:
     logs = sorted((run_dir / "logs").glob("*.log")) if (run_dir / "logs").exists() else []
-    return "\n".join(f"== {p.name}\n" + "".join(p.read_text(errors="replace").splitlines(True)[-15:])
-                     for p in logs)
+    return "\n".join(
+        f"== {p.name}\n" + "".join(p.read_text(errors="replace").splitlines(True)[-15:]) for p in logs
+    )
 
 
 def test_a_short_run_trains_until_max_steps_then_leaves_metrics_plots_and_no_process(tmp_path):
@@ -82,8 +93,12 @@ def test_a_short_run_trains_until_max_steps_then_leaves_metrics_plots_and_no_pro
     pods = json.loads((run_dir / "pods.json").read_text())
     assert [p["name"] for p in pods] == ["tiny-trainer-0", "tiny-rollout-0", "tiny-rollout-1"]
 
-    plotted = subprocess.run([sys.executable, "-m", "asyncrl_workloads.cli", "plot", str(run_dir)],
-                             capture_output=True, text=True, timeout=120)
+    plotted = subprocess.run(
+        [sys.executable, "-m", "asyncrl_workloads.cli", "plot", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plotted.returncode == 0, plotted.stderr
     for name in ("reward.png", "staleness.png", "throughput.png", "curves.png"):
         assert (run_dir / name).read_bytes()[:4] == b"\x89PNG"

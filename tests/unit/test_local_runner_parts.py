@@ -29,18 +29,41 @@ def _expand(body):
 def test_tiny_example_expands_to_one_trainer_and_two_rollouts_with_local_identity():
     cfg, local = _expand(jobs.load_example("tiny-cpu.yaml"))
     assert [(p.name, p.role, p.replica) for p in local] == [
-        ("tiny-trainer-0", "trainer", 0), ("tiny-rollout-0", "rollout", 0), ("tiny-rollout-1", "rollout", 1)]
+        ("tiny-trainer-0", "trainer", 0),
+        ("tiny-rollout-0", "rollout", 0),
+        ("tiny-rollout-1", "rollout", 1),
+    ]
     trainer, rollout0, rollout1 = local
     config_args = ("--config", str(CONFIG_PATH))
     assert trainer.argv[0].endswith("asyncrl-trainer") and trainer.argv[1:] == config_args
     assert rollout1.argv[0].endswith("asyncrl-rollout") and rollout1.argv[1:] == config_args
-    assert {k: trainer.env[k] for k in ("ASYNCRL_ROLE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                        "MASTER_PORT", "POD_NAME", "POD_NAMESPACE")} == {
-        "ASYNCRL_ROLE": "trainer", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "31002", "POD_NAME": "tiny-trainer-0",
-        "POD_NAMESPACE": "default"}
+    assert {
+        k: trainer.env[k]
+        for k in (
+            "ASYNCRL_ROLE",
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "POD_NAME",
+            "POD_NAMESPACE",
+        )
+    } == {
+        "ASYNCRL_ROLE": "trainer",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "31002",
+        "POD_NAME": "tiny-trainer-0",
+        "POD_NAMESPACE": "default",
+    }
     assert (rollout1.env["ASYNCRL_ROLE"], rollout1.env["ASYNCRL_REPLICA"], rollout1.env["POD_NAME"]) == (
-        "rollout", "1", "tiny-rollout-1")
+        "rollout",
+        "1",
+        "tiny-rollout-1",
+    )
     ports = [p.metrics_port for p in local]
     assert len(set(ports)) == 3 and [p.env["ASYNCRL_METRICS_PORT"] for p in local] == [str(n) for n in ports]
     assert cfg.endpoints.trainer_host == "127.0.0.1" and cfg.endpoints.weight_sync_port == 31001
@@ -57,8 +80,9 @@ def test_localized_config_changes_only_the_endpoints():
 
 
 def test_torchrun_trainer_gets_its_node_rank_and_local_master_expanded_into_the_command():
-    body = jobs.make_job("big", rollout={"replicas": 1, "gpusPerReplica": 1},
-                         trainer={"replicas": 2, "gpusPerReplica": 2})
+    body = jobs.make_job(
+        "big", rollout={"replicas": 1, "gpusPerReplica": 1}, trainer={"replicas": 2, "gpusPerReplica": 2}
+    )
     cfg, local = _expand(body)
     trainers = [p for p in local if p.role == "trainer"]
     assert [p.name for p in trainers] == ["big-trainer-0", "big-trainer-1"]
@@ -107,13 +131,15 @@ def test_unknown_downward_api_field_is_refused():
 
 def test_missing_role_statefulset_is_reported():
     job = models.AsyncRLJob.model_validate(jobs.load_example("tiny-cpu.yaml"))
-    manifests = [m for m in render.render(job)
-                 if m["metadata"]["name"] != "tiny-rollout" or m["kind"] != "StatefulSet"]
+    manifests = [
+        m for m in render.render(job) if m["metadata"]["name"] != "tiny-rollout" or m["kind"] != "StatefulSet"
+    ]
     with pytest.raises(pods.RenderedJobError, match="rollout"):
         pods.role_statefulsets(manifests)
 
 
 # --- job loading --------------------------------------------------------------------------------------
+
 
 def test_job_overrides_move_checkpoints_into_the_run_dir(tmp_path):
     job_file = tmp_path / "job.yaml"
@@ -139,6 +165,7 @@ def test_invalid_job_names_the_field_and_writes_nothing(tmp_path):
 
 # --- progress records and plots -----------------------------------------------------------------------
 
+
 def _exposition(produced, consumed, tokens, rewards, step, depth, buckets=(0.25, 0.5, 1.0)):
     registry = prometheus_client.CollectorRegistry()
     labels = ("namespace", "job", "role", "replica")
@@ -161,8 +188,10 @@ def _exposition(produced, consumed, tokens, rewards, step, depth, buckets=(0.25,
 def test_tracker_turns_counters_into_rates_and_reads_reward_and_staleness_from_steps():
     clock = iter([100.0, 102.0, 106.0, 108.0, 110.0])
     tracker = progress.Tracker(max_steps=10, clock=lambda: next(clock))
-    first = tracker.record({"a": _exposition(10, 8, 80, [0.0, 1.0], 1, 4), "b": None},
-                           [{"step": 1, "reward_mean": 0.25, "staleness": [0, 1, 1]}])
+    first = tracker.record(
+        {"a": _exposition(10, 8, 80, [0.0, 1.0], 1, 4), "b": None},
+        [{"step": 1, "reward_mean": 0.25, "staleness": [0, 1, 1]}],
+    )
     assert (first["step"], first["produced"], first["consumed"], first["queueDepth"]) == (1, 10, 8, 4)
     assert first["samplesPerSecond"] == 4.0 and first["tokensPerSecond"] == 40.0
     assert first["reward"] == 0.25 and first["rolloutReward"] == 0.5
@@ -203,9 +232,21 @@ def test_plot_writes_png_curves(tmp_path):
 
     with (tmp_path / "metrics.jsonl").open("w") as handle:
         for i in range(6):
-            handle.write(json.dumps({"step": i, "elapsed": 2.0 * i, "reward": 0.1 * i, "rolloutReward": None,
-                                     "stalenessMean": 0.5, "stalenessMax": 1, "samplesPerSecond": 3.0,
-                                     "producedPerSecond": 3.5}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "step": i,
+                        "elapsed": 2.0 * i,
+                        "reward": 0.1 * i,
+                        "rolloutReward": None,
+                        "stalenessMean": 0.5,
+                        "stalenessMax": 1,
+                        "samplesPerSecond": 3.0,
+                        "producedPerSecond": 3.5,
+                    }
+                )
+                + "\n"
+            )
         handle.write('{"step": 7, "elap')  # a partial last line from a killed run is ignored
     written = plot.plot(tmp_path)
     assert sorted(p.name for p in written) == ["curves.png", "reward.png", "staleness.png", "throughput.png"]
@@ -216,6 +257,7 @@ def test_plot_writes_png_curves(tmp_path):
 
 
 # --- supervision of real (tiny) processes --------------------------------------------------------------
+
 
 def _pod(name, role, script):
     return pods.LocalPod(name, role, 0, ("/bin/sh", "-c", script), {}, 0)
@@ -234,8 +276,12 @@ def _wait_for(predicate, timeout=10.0):
 
 def test_a_failed_rollout_is_restarted_then_given_up_and_a_config_error_is_fatal(tmp_path):
     said = []
-    supervisor = runner.Supervisor([_pod("t-trainer-0", "trainer", "sleep 30"),
-                                    _pod("t-rollout-0", "rollout", "exit 1")], {}, tmp_path, said.append)
+    supervisor = runner.Supervisor(
+        [_pod("t-trainer-0", "trainer", "sleep 30"), _pod("t-rollout-0", "rollout", "exit 1")],
+        {},
+        tmp_path,
+        said.append,
+    )
     supervisor.start_all()
     try:
         outcomes = []
@@ -246,8 +292,9 @@ def test_a_failed_rollout_is_restarted_then_given_up_and_a_config_error_is_fatal
         assert len(said) == runner.ROLLOUT_RESTARTS and "restarting (1/3)" in said[0]
     finally:
         supervisor.stop_all(grace=5)
-    config_error = runner.Supervisor([_pod("c-rollout-0", "rollout", "echo bad field >&2; exit 2")], {},
-                                     tmp_path, said.append)
+    config_error = runner.Supervisor(
+        [_pod("c-rollout-0", "rollout", "echo bad field >&2; exit 2")], {}, tmp_path, said.append
+    )
     config_error.start_all()
     assert _wait_for(lambda: config_error.children["c-rollout-0"].poll() is not None)
     outcome, detail = config_error.check()

@@ -44,8 +44,10 @@ class CommandFailed(RuntimeError):
     """kubectl or helm exited non-zero where the caller expected success; carries stdout and stderr."""
 
     def __init__(self, argv: list[str], done: subprocess.CompletedProcess[str]) -> None:
-        super().__init__(f"{' '.join(argv)} exited {done.returncode}\nstderr: {done.stderr.strip()}"
-                         f"\nstdout: {done.stdout.strip()[-2000:]}")
+        super().__init__(
+            f"{' '.join(argv)} exited {done.returncode}\nstderr: {done.stderr.strip()}"
+            f"\nstdout: {done.stdout.strip()[-2000:]}"
+        )
         self.completed = done
 
 
@@ -69,8 +71,9 @@ class Cluster:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     ready_seconds: float = 0.0
 
-    def api(self, path: str, method: str = "GET", body: object = None,
-            token: str | None = None) -> cluster_http.Response:
+    def api(
+        self, path: str, method: str = "GET", body: object = None, token: str | None = None
+    ) -> cluster_http.Response:
         """A raw API call: as the admin user, or with a bearer `token` (then no client certificate)."""
         client_cert = None if token is not None else self.pki.admin_cert
         context = cluster_http.tls_context(self.pki.ca_cert, client_cert, self.pki.admin_key)
@@ -90,22 +93,26 @@ class Cluster:
         )
         return env
 
-    def _run(self, binary: pathlib.Path, args: tuple[str, ...], input: str | None, check: bool,
-             timeout: float) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, binary: pathlib.Path, args: tuple[str, ...], input: str | None, check: bool, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
         argv = [str(binary), *args]
-        done = subprocess.run(argv, input=input, capture_output=True, text=True, env=self.env(),
-                              timeout=timeout)
+        done = subprocess.run(
+            argv, input=input, capture_output=True, text=True, env=self.env(), timeout=timeout
+        )
         if check and done.returncode != 0:
             raise CommandFailed(argv, done)
         return done
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """Run the real kubectl against this cluster; raises CommandFailed on a non-zero exit if `check`."""
         return self._run(self.bins.kubectl, args, input, check, timeout)
 
-    def helm(self, *args: str, input: str | None = None, check: bool = True,
-             timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def helm(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """Run the real helm against this cluster; raises CommandFailed on a non-zero exit if `check`."""
         return self._run(self.bins.helm, args, input, check, timeout)
 
@@ -122,10 +129,10 @@ class Cluster:
             raise RuntimeError("teardown failed: " + "; ".join(errors))
 
 
-def _start(c: Cluster, name: str, argv: list[str], probe: Callable[[], bool],
-           die_with_parent: bool) -> None:
-    component = cluster_process.Component(name, argv, c.workdir / "logs" / f"{name}.log", c.workdir,
-                                          die_with_parent)
+def _start(c: Cluster, name: str, argv: list[str], probe: Callable[[], bool], die_with_parent: bool) -> None:
+    component = cluster_process.Component(
+        name, argv, c.workdir / "logs" / f"{name}.log", c.workdir, die_with_parent
+    )
     c.components.append(component)
     c.timings[name] = component.wait_ready(probe, READY_TIMEOUT_S)
 
@@ -139,46 +146,104 @@ def _boot(c: Cluster, gpu_nodes: int, die_with_parent: bool) -> None:
     insecure = cluster_http.tls_context(None)
     etcd_port, etcd_peer = free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{etcd_port}"
-    _start(c, "etcd", [
-        str(b.etcd), "--name=asyncrl", f"--data-dir={w / 'etcd'}", "--log-level=warn", "--unsafe-no-fsync",
-        f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-        f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-        f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-        f"--initial-cluster=asyncrl=http://127.0.0.1:{etcd_peer}",
-    ], lambda: cluster_http.request(etcd_url + "/health").json().get("health") == "true", die_with_parent)
+    _start(
+        c,
+        "etcd",
+        [
+            str(b.etcd),
+            "--name=asyncrl",
+            f"--data-dir={w / 'etcd'}",
+            "--log-level=warn",
+            "--unsafe-no-fsync",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=asyncrl=http://127.0.0.1:{etcd_peer}",
+        ],
+        lambda: cluster_http.request(etcd_url + "/health").json().get("health") == "true",
+        die_with_parent,
+    )
 
-    _start(c, "kube-apiserver", [
-        str(b.kube_apiserver), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1", f"--secure-port={c.server.rsplit(':', 1)[1]}",
-        f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
-        f"--client-ca-file={pki.ca_cert}", "--authorization-mode=RBAC",
-        f"--service-account-issuer={SA_ISSUER}", f"--service-account-key-file={pki.sa_pub}",
-        f"--service-account-signing-key-file={pki.sa_key}", f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
-    ], lambda: c.api("/readyz").status == 200, die_with_parent)
+    _start(
+        c,
+        "kube-apiserver",
+        [
+            str(b.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={c.server.rsplit(':', 1)[1]}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={SA_ISSUER}",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--endpoint-reconciler-type=none",
+        ],
+        lambda: c.api("/readyz").status == 200,
+        die_with_parent,
+    )
 
     for name, binary, extra in (
-        ("kube-controller-manager", b.kube_controller_manager, [
-            f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca_cert}",
-            f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
-            "--use-service-account-credentials=false"]),
+        (
+            "kube-controller-manager",
+            b.kube_controller_manager,
+            [
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--cluster-signing-cert-file={pki.ca_cert}",
+                f"--cluster-signing-key-file={pki.ca_key}",
+                "--use-service-account-credentials=false",
+            ],
+        ),
         ("kube-scheduler", b.kube_scheduler, []),
     ):
         port = free_port()
-        _start(c, name, [
-            str(binary), f"--kubeconfig={c.kubeconfig}", f"--authentication-kubeconfig={c.kubeconfig}",
-            f"--authorization-kubeconfig={c.kubeconfig}", "--bind-address=127.0.0.1", f"--secure-port={port}",
-            "--leader-elect=false", "--profiling=false", *extra,
-        ], _healthz(f"https://127.0.0.1:{port}/healthz", insecure), die_with_parent)
+        _start(
+            c,
+            name,
+            [
+                str(binary),
+                f"--kubeconfig={c.kubeconfig}",
+                f"--authentication-kubeconfig={c.kubeconfig}",
+                f"--authorization-kubeconfig={c.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--leader-elect=false",
+                "--profiling=false",
+                *extra,
+            ],
+            _healthz(f"https://127.0.0.1:{port}/healthz", insecure),
+            die_with_parent,
+        )
 
     kwok_port = free_port()
     stages = cluster_bins.write_kwok_stages(w / "kwok-stages.yaml")
-    _start(c, "kwok", [
-        str(b.kwok), f"--kubeconfig={c.kubeconfig}", f"--config={stages}", "--manage-all-nodes=false",
-        f"--manage-nodes-with-annotation-selector={cluster_nodes.MANAGED_ANNOTATION}",
-        "--manage-nodes-with-label-selector=", "--manage-single-node=", f"--cidr={POD_CIDR}",
-        "--node-ip=10.0.0.2", "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{kwok_port}",
-    ], _healthz(f"http://127.0.0.1:{kwok_port}/healthz", None), die_with_parent)
+    _start(
+        c,
+        "kwok",
+        [
+            str(b.kwok),
+            f"--kubeconfig={c.kubeconfig}",
+            f"--config={stages}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={cluster_nodes.MANAGED_ANNOTATION}",
+            "--manage-nodes-with-label-selector=",
+            "--manage-single-node=",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=10.0.0.2",
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{kwok_port}",
+        ],
+        _healthz(f"http://127.0.0.1:{kwok_port}/healthz", None),
+        die_with_parent,
+    )
 
     start = time.monotonic()
     kwok = c.components[-1]
@@ -188,18 +253,27 @@ def _boot(c: Cluster, gpu_nodes: int, die_with_parent: bool) -> None:
         if created.status != 201:
             raise kwok.fail(f"node create answered {created.status}: {created.body[:300]!r}")
         c.gpu_nodes.append(node["metadata"]["name"])
-    kwok.wait_ready(lambda: cluster_nodes.all_ready(c.api("/api/v1/nodes").json(), c.gpu_nodes),
-                    READY_TIMEOUT_S)
+    kwok.wait_ready(
+        lambda: cluster_nodes.all_ready(c.api("/api/v1/nodes").json(), c.gpu_nodes), READY_TIMEOUT_S
+    )
     kcm = c.components[2]
-    kcm.wait_ready(lambda: c.api("/api/v1/namespaces/default/serviceaccounts/default").status == 200
-                   and c.api("/api/v1/namespaces/default/configmaps/kube-root-ca.crt").status == 200,
-                   READY_TIMEOUT_S)
+    kcm.wait_ready(
+        lambda: (
+            c.api("/api/v1/namespaces/default/serviceaccounts/default").status == 200
+            and c.api("/api/v1/namespaces/default/configmaps/kube-root-ca.crt").status == 200
+        ),
+        READY_TIMEOUT_S,
+    )
     c.timings["nodes+serviceaccounts"] = time.monotonic() - start
 
 
 @contextlib.contextmanager
-def start_cluster(workdir: pathlib.Path | str | None = None, gpu_nodes: int = 2,
-                  die_with_parent: bool = True, quiet: bool = False) -> Iterator[Cluster]:
+def start_cluster(
+    workdir: pathlib.Path | str | None = None,
+    gpu_nodes: int = 2,
+    die_with_parent: bool = True,
+    quiet: bool = False,
+) -> Iterator[Cluster]:
     """Start a cluster, yield it ready, and tear it down on exit (normal or not).
 
     `workdir=None` uses a fresh temp dir that is removed afterwards; a given workdir keeps its logs and
@@ -230,8 +304,11 @@ def start_cluster(workdir: pathlib.Path | str | None = None, gpu_nodes: int = 2,
         try:
             c.ready_seconds = time.monotonic() - began
             if not quiet:
-                print(f"asyncrl test cluster ready in {c.ready_seconds:.1f}s ({len(c.gpu_nodes)} GPU nodes); "
-                      f"KUBECONFIG={kubeconfig}", file=sys.stderr)
+                print(
+                    f"asyncrl test cluster ready in {c.ready_seconds:.1f}s ({len(c.gpu_nodes)} GPU nodes); "
+                    f"KUBECONFIG={kubeconfig}",
+                    file=sys.stderr,
+                )
             yield c
         finally:
             c.stop()

@@ -87,13 +87,15 @@ def kwok_stage_dir() -> pathlib.Path:
             ["go", "env", "GOMODCACHE"], check=True, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError) as exc:
-        raise MissingBinaries(f"`go env GOMODCACHE` failed ({exc}); kwok's stages come from its module") \
-            from exc
+        raise MissingBinaries(
+            f"`go env GOMODCACHE` failed ({exc}); kwok's stages come from its module"
+        ) from exc
     stage = pathlib.Path(modcache) / f"sigs.k8s.io/kwok@{KWOK_VERSION}" / "kustomize" / "stage"
     if not stage.is_dir():
         done = subprocess.run(
             ["go", "mod", "download", f"sigs.k8s.io/kwok@{KWOK_VERSION}"],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0 or not stage.is_dir():
             raise MissingBinaries(

@@ -25,8 +25,11 @@ class Response:
         return json.loads(self.body)
 
 
-def tls_context(ca_cert: pathlib.Path | None = None, client_cert: pathlib.Path | None = None,
-                client_key: pathlib.Path | None = None) -> ssl.SSLContext:
+def tls_context(
+    ca_cert: pathlib.Path | None = None,
+    client_cert: pathlib.Path | None = None,
+    client_key: pathlib.Path | None = None,
+) -> ssl.SSLContext:
     """A context that verifies the server against `ca_cert` (or not at all when None)."""
     if ca_cert is None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -39,8 +42,14 @@ def tls_context(ca_cert: pathlib.Path | None = None, client_cert: pathlib.Path |
     return context
 
 
-def request(url: str, method: str = "GET", body: Any = None, context: ssl.SSLContext | None = None,
-            token: str | None = None, timeout: float = 10.0) -> Response:
+def request(
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    context: ssl.SSLContext | None = None,
+    token: str | None = None,
+    timeout: float = 10.0,
+) -> Response:
     """Send one request; HTTP error statuses are returned, not raised (callers assert on them)."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Accept": "application/json"}

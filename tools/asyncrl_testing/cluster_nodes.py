@@ -17,8 +17,13 @@ GPUS_PER_NODE = 8
 
 def gpu_node(name: str, gpus: int = GPUS_PER_NODE) -> dict[str, Any]:
     """A Node object as an 8-GPU H100 machine would register it (status is kept on create)."""
-    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti",
-                 GPU_RESOURCE: str(gpus)}
+    resources = {
+        "cpu": "96",
+        "memory": "1Ti",
+        "pods": "110",
+        "ephemeral-storage": "1Ti",
+        GPU_RESOURCE: str(gpus),
+    }
     key, value = MANAGED_ANNOTATION.split("=", 1)
     return {
         "apiVersion": "v1",
@@ -27,8 +32,12 @@ def gpu_node(name: str, gpus: int = GPUS_PER_NODE) -> dict[str, Any]:
             "name": name,
             "annotations": {key: value, "node.alpha.kubernetes.io/ttl": "0"},
             "labels": {
-                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                "type": "kwok", GPU_PRODUCT_LABEL: GPU_PRODUCT, "nvidia.com/gpu.count": str(gpus),
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                GPU_PRODUCT_LABEL: GPU_PRODUCT,
+                "nvidia.com/gpu.count": str(gpus),
             },
         },
         "spec": {},
@@ -44,10 +53,14 @@ def all_ready(node_list: dict[str, Any], names: list[str]) -> bool:
         if node is None:
             return False
         status = node.get("status", {})
-        ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
-                    for cond in status.get("conditions", []))
-        tainted = any(taint.get("key", "").startswith("node.kubernetes.io/not-ready")
-                      for taint in node.get("spec", {}).get("taints", []) or [])
+        ready = any(
+            cond.get("type") == "Ready" and cond.get("status") == "True"
+            for cond in status.get("conditions", [])
+        )
+        tainted = any(
+            taint.get("key", "").startswith("node.kubernetes.io/not-ready")
+            for taint in node.get("spec", {}).get("taints", []) or []
+        )
         if not ready or tainted or status.get("allocatable", {}).get(GPU_RESOURCE) != str(GPUS_PER_NODE):
             return False
     return True

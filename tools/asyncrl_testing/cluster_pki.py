@@ -48,8 +48,16 @@ def _openssl(*args: str, cwd: pathlib.Path) -> None:
 
 
 def _ec_key(path: pathlib.Path) -> None:
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path.name,
-             cwd=path.parent)
+    _openssl(
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        path.name,
+        cwd=path.parent,
+    )
 
 
 def _sign(pki_dir: pathlib.Path, name: str, subject: str, extensions: str) -> None:
@@ -57,31 +65,77 @@ def _sign(pki_dir: pathlib.Path, name: str, subject: str, extensions: str) -> No
     _ec_key(pki_dir / f"{name}.key")
     _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=pki_dir)
     (pki_dir / f"{name}.ext").write_text(extensions)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "7", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=pki_dir)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "7",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.crt",
+        cwd=pki_dir,
+    )
 
 
 def make_pki(pki_dir: pathlib.Path) -> Pki:
     """Write a CA, the apiserver serving cert, the admin client cert and the service-account key pair."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     _ec_key(pki_dir / "ca.key")
-    _openssl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=asyncrl-test-ca", "-days", "7",
-             "-sha256", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.crt", cwd=pki_dir)
-    _sign(pki_dir, "apiserver", "/CN=kube-apiserver",
-          "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-          f"extendedKeyUsage=serverAuth\nsubjectAltName={SERVING_SANS}\n")
-    _sign(pki_dir, "admin", f"/O=system:masters/CN={ADMIN_USER}",
-          "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-          "extendedKeyUsage=clientAuth\n")
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key",
-             cwd=pki_dir)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca.key",
+        "-subj",
+        "/CN=asyncrl-test-ca",
+        "-days",
+        "7",
+        "-sha256",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-out",
+        "ca.crt",
+        cwd=pki_dir,
+    )
+    _sign(
+        pki_dir,
+        "apiserver",
+        "/CN=kube-apiserver",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={SERVING_SANS}\n",
+    )
+    _sign(
+        pki_dir,
+        "admin",
+        f"/O=system:masters/CN={ADMIN_USER}",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=clientAuth\n",
+    )
+    _openssl(
+        "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=pki_dir
+    )
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki_dir)
     return Pki(
-        ca_cert=pki_dir / "ca.crt", ca_key=pki_dir / "ca.key",
-        serving_cert=pki_dir / "apiserver.crt", serving_key=pki_dir / "apiserver.key",
-        admin_cert=pki_dir / "admin.crt", admin_key=pki_dir / "admin.key",
-        sa_key=pki_dir / "sa.key", sa_pub=pki_dir / "sa.pub",
+        ca_cert=pki_dir / "ca.crt",
+        ca_key=pki_dir / "ca.key",
+        serving_cert=pki_dir / "apiserver.crt",
+        serving_key=pki_dir / "apiserver.key",
+        admin_cert=pki_dir / "admin.crt",
+        admin_key=pki_dir / "admin.key",
+        sa_key=pki_dir / "sa.key",
+        sa_pub=pki_dir / "sa.pub",
     )
 
 
@@ -94,10 +148,21 @@ def write_kubeconfig(path: pathlib.Path, server: str, pki: Pki, cluster_name: st
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster_name, "cluster": {
-            "server": server, "certificate-authority-data": _b64(pki.ca_cert)}}],
-        "users": [{"name": ADMIN_USER, "user": {
-            "client-certificate-data": _b64(pki.admin_cert), "client-key-data": _b64(pki.admin_key)}}],
+        "clusters": [
+            {
+                "name": cluster_name,
+                "cluster": {"server": server, "certificate-authority-data": _b64(pki.ca_cert)},
+            }
+        ],
+        "users": [
+            {
+                "name": ADMIN_USER,
+                "user": {
+                    "client-certificate-data": _b64(pki.admin_cert),
+                    "client-key-data": _b64(pki.admin_key),
+                },
+            }
+        ],
         "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": ADMIN_USER}}],
         "current-context": cluster_name,
     }

@@ -22,8 +22,14 @@ class ComponentNotReady(process.NotReady):
 class Component(process.Child):
     """A started component process; `stop` kills its process group and is safe to call twice."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: pathlib.Path, cwd: pathlib.Path,
-                 die_with_parent: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: pathlib.Path,
+        cwd: pathlib.Path,
+        die_with_parent: bool = True,
+    ) -> None:
         super().__init__(name, argv, log_path, cwd=cwd, die_with_parent=die_with_parent)
 
     def fail(self, why: str) -> ComponentNotReady:

@@ -17,8 +17,13 @@ class WaitTimeout(AssertionError):
     """The condition did not hold before the deadline; an AssertionError so pytest reports it as a failure."""
 
 
-def wait_until(observe: Callable[[], T], holds: Callable[[T], bool], what: str, timeout: float = 60.0,
-               interval: float = 0.5) -> T:
+def wait_until(
+    observe: Callable[[], T],
+    holds: Callable[[T], bool],
+    what: str,
+    timeout: float = 60.0,
+    interval: float = 0.5,
+) -> T:
     """Call `observe` until `holds(observation)`; return that observation, or fail showing the last one."""
     deadline = time.monotonic() + timeout
     while True:

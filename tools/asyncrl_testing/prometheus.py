@@ -43,8 +43,9 @@ def find_binary() -> pathlib.Path:
     raise PrometheusError("prometheus not found: run tools/setup.sh (or apt-get install -y prometheus)")
 
 
-def render_config(targets: Targets, honor_labels: bool = False,
-                  rule_files: Sequence[str] = ()) -> dict[str, Any]:
+def render_config(
+    targets: Targets, honor_labels: bool = False, rule_files: Sequence[str] = ()
+) -> dict[str, Any]:
     """A Prometheus config scraping `targets` ("host:port" list, or job name -> list) every second.
 
     `honor_labels` keeps the scraped series' own `job`/`namespace` labels (the AsyncRLJob's), as the
@@ -52,11 +53,17 @@ def render_config(targets: Targets, honor_labels: bool = False,
     """
     jobs = {"asyncrl": list(targets)} if not isinstance(targets, Mapping) else dict(targets)
     out: dict[str, Any] = {
-        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
-                   "evaluation_interval": SCRAPE_INTERVAL},
+        "global": {
+            "scrape_interval": SCRAPE_INTERVAL,
+            "scrape_timeout": SCRAPE_INTERVAL,
+            "evaluation_interval": SCRAPE_INTERVAL,
+        },
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(addresses)}],
-             **({"honor_labels": True} if honor_labels else {})}
+            {
+                "job_name": job,
+                "static_configs": [{"targets": list(addresses)}],
+                **({"honor_labels": True} if honor_labels else {}),
+            }
             for job, addresses in jobs.items()
         ],
     }
@@ -119,8 +126,10 @@ class Prometheus:
             if last is not None and predicate(last):
                 return last
             time.sleep(0.25)
-        raise PrometheusError(f"{expr!r} did not reach the expected value within {timeout:.0f}s "
-                              f"(last value {last}); targets: {self.targets_health()}")
+        raise PrometheusError(
+            f"{expr!r} did not reach the expected value within {timeout:.0f}s "
+            f"(last value {last}); targets: {self.targets_health()}"
+        )
 
     def stop(self) -> None:
         self.child.stop()
@@ -133,8 +142,13 @@ class Prometheus:
         self.stop()
 
 
-def start(targets: Targets, timeout: float = READY_TIMEOUT_S, attempts: int = 3, honor_labels: bool = False,
-          rule_files: Sequence[str] = ()) -> Prometheus:
+def start(
+    targets: Targets,
+    timeout: float = READY_TIMEOUT_S,
+    attempts: int = 3,
+    honor_labels: bool = False,
+    rule_files: Sequence[str] = (),
+) -> Prometheus:
     """Start Prometheus scraping `targets` on a free port; wait for /-/ready (see `render_config`)."""
     binary = find_binary()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="asyncrl-prometheus-"))
@@ -143,9 +157,15 @@ def start(targets: Targets, timeout: float = READY_TIMEOUT_S, attempts: int = 3,
     last_error: Exception | None = None
     for attempt in range(attempts):
         port = process.free_port()
-        argv = [str(binary), f"--config.file={config}", f"--storage.tsdb.path={workdir / f'tsdb-{attempt}'}",
-                f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h",
-                "--web.enable-lifecycle", "--log.level=warn"]
+        argv = [
+            str(binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / f'tsdb-{attempt}'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+            "--web.enable-lifecycle",
+            "--log.level=warn",
+        ]
         child = process.Child("prometheus", argv, workdir / "prometheus.log")
         server = Prometheus(child, port, workdir)
         try:

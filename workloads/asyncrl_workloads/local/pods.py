@@ -59,13 +59,17 @@ def job_json(manifests: list[dict[str, Any]]) -> str:
     raise RenderedJobError(f"render() produced no ConfigMap with key {config.CONFIGMAP_KEY}")
 
 
-def localize_config(text: str, nats_url: str, weight_sync_port: int, torch_master_port: int,
-                    metrics_port: int) -> config.JobConfig:
+def localize_config(
+    text: str, nats_url: str, weight_sync_port: int, torch_master_port: int, metrics_port: int
+) -> config.JobConfig:
     """The rendered config with `endpoints` pointing at this machine."""
     rendered = config.JobConfig.model_validate_json(text)
     endpoints = config.Endpoints(
-        nats_url=nats_url, trainer_host="127.0.0.1", weight_sync_port=weight_sync_port,
-        torch_master_port=torch_master_port, metrics_port=metrics_port,
+        nats_url=nats_url,
+        trainer_host="127.0.0.1",
+        weight_sync_port=weight_sync_port,
+        torch_master_port=torch_master_port,
+        metrics_port=metrics_port,
     )
     return rendered.model_copy(update={"endpoints": endpoints})
 
@@ -85,17 +89,24 @@ def role_statefulsets(manifests: list[dict[str, Any]]) -> dict[str, dict[str, An
 
 def expand_vars(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes `$(VAR)` expansion: defined names are replaced, `$$` is a literal `$`, others stay."""
+
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         return env.get(match.group(1), match.group(0))
+
     return _VAR_REF.sub(replace, text)
 
 
 def field_value(path: str, pod_name: str, namespace: str, ordinal: int, labels: Mapping[str, str]) -> str:
     """The downward-API value of `fieldRef.fieldPath` for a local pod."""
-    simple = {"metadata.name": pod_name, "metadata.namespace": namespace, "spec.nodeName": "localhost",
-              "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+    simple = {
+        "metadata.name": pod_name,
+        "metadata.namespace": namespace,
+        "spec.nodeName": "localhost",
+        "status.podIP": "127.0.0.1",
+        "status.hostIP": "127.0.0.1",
+    }
     if path in simple:
         return simple[path]
     match = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
@@ -108,8 +119,9 @@ def field_value(path: str, pod_name: str, namespace: str, ordinal: int, labels: 
     raise RenderedJobError(f"env fieldRef {path!r} has no local equivalent")
 
 
-def container_env(container: Mapping[str, Any], pod_name: str, namespace: str, ordinal: int,
-                  labels: Mapping[str, str]) -> dict[str, str]:
+def container_env(
+    container: Mapping[str, Any], pod_name: str, namespace: str, ordinal: int, labels: Mapping[str, str]
+) -> dict[str, str]:
     """The container's env as the kubelet resolves it (in order; later entries may use earlier ones)."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
@@ -133,8 +145,13 @@ def resolve_executable(name: str) -> str:
     return shutil.which(name) or name
 
 
-def expand(manifests: list[dict[str, Any]], config_path: pathlib.Path, cfg: config.JobConfig,
-           next_port: Callable[[], int], replicas: Mapping[str, int] | None = None) -> list[LocalPod]:
+def expand(
+    manifests: list[dict[str, Any]],
+    config_path: pathlib.Path,
+    cfg: config.JobConfig,
+    next_port: Callable[[], int],
+    replicas: Mapping[str, int] | None = None,
+) -> list[LocalPod]:
     """Every replica of the trainer and rollout StatefulSets as a `LocalPod` (trainer first).
 
     `cfg` is the localized config (its torch master port is used); `next_port` hands out metrics ports;
@@ -169,5 +186,17 @@ def expand(manifests: list[dict[str, Any]], config_path: pathlib.Path, cfg: conf
 
 def describe(pods: list[LocalPod]) -> str:
     """A JSON summary (written to the run dir, so a run says exactly what it started)."""
-    return json.dumps([{"name": p.name, "role": p.role, "replica": p.replica, "argv": list(p.argv),
-                        "env": dict(p.env), "metricsPort": p.metrics_port} for p in pods], indent=2)
+    return json.dumps(
+        [
+            {
+                "name": p.name,
+                "role": p.role,
+                "replica": p.replica,
+                "argv": list(p.argv),
+                "env": dict(p.env),
+                "metricsPort": p.metrics_port,
+            }
+            for p in pods
+        ],
+        indent=2,
+    )

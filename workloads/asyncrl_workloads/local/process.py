@@ -65,9 +65,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class Child:
     """A started process and its process group; `stop` is idempotent."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: pathlib.Path,
-                 env: Mapping[str, str] | None = None, cwd: pathlib.Path | None = None,
-                 die_with_parent: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: pathlib.Path,
+        env: Mapping[str, str] | None = None,
+        cwd: pathlib.Path | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
         self.name = name
         self.argv = [str(arg) for arg in argv]
         self.log_path = log_path
@@ -76,8 +82,13 @@ class Child:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                self.argv, cwd=cwd, env=dict(env) if env is not None else None,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                self.argv,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=_die_with_parent if die_with_parent else None,
             )
         self.pgid = self.process.pid  # a new session's leader: its pid is the process group id

@@ -24,10 +24,14 @@ from prometheus_client import parser
 
 # Sample names summed over all processes (counters and histogram sums/counts).
 SUMMED = (
-    "asyncrl_trajectories_produced_total", "asyncrl_trajectories_consumed_total",
-    "asyncrl_trajectories_dropped_total", "asyncrl_tokens_generated_total",
-    "asyncrl_reward_sum", "asyncrl_reward_count",
-    "asyncrl_sample_staleness_sum", "asyncrl_sample_staleness_count",
+    "asyncrl_trajectories_produced_total",
+    "asyncrl_trajectories_consumed_total",
+    "asyncrl_trajectories_dropped_total",
+    "asyncrl_tokens_generated_total",
+    "asyncrl_reward_sum",
+    "asyncrl_reward_count",
+    "asyncrl_sample_staleness_sum",
+    "asyncrl_sample_staleness_count",
 )
 
 
@@ -116,8 +120,9 @@ class Tracker:
     """Turns polls into metrics.jsonl records: counters into rates over the last `window_s` seconds,
     gauges from the processes that answered, reward and staleness from the new trainer steps."""
 
-    def __init__(self, max_steps: int | None, clock: Callable[[], float] = time.time,
-                 window_s: float = 10.0) -> None:
+    def __init__(
+        self, max_steps: int | None, clock: Callable[[], float] = time.time, window_s: float = 10.0
+    ) -> None:
         self.max_steps = max_steps
         self.clock = clock
         self.window_s = window_s
@@ -160,8 +165,11 @@ class Tracker:
             self.last_version = max(self.last_version or 0, int(gauges["paramVersion"]))
         window_count = rate("asyncrl_reward_count")
         # prometheus_client leaves out a histogram's _sum when a bucket bound is negative: no mean then
-        rollout_reward = (rate("asyncrl_reward_sum") / window_count
-                          if window_count and "asyncrl_reward_sum" in totals else None)
+        rollout_reward = (
+            rate("asyncrl_reward_sum") / window_count
+            if window_count and "asyncrl_reward_sum" in totals
+            else None
+        )
         return {
             "time": now,
             "elapsed": round(now - self.started, 3),

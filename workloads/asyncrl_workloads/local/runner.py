@@ -40,8 +40,13 @@ from asyncrl_workloads.local import natsserver, pods, process, progress
 STOP_GRACE_S = 15.0
 ROLLOUT_RESTARTS = 3
 CONFIG_ERROR_EXIT = 2  # the entry points' "bad config" code: restarting cannot help
-LOCAL_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                      "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+LOCAL_ENV_DEFAULTS = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 class JobFileError(ValueError):
@@ -96,8 +101,13 @@ def default_run_dir(job_file: pathlib.Path) -> pathlib.Path:
 class Supervisor:
     """The job's local processes: started in role order, rollouts restarted, all stopped together."""
 
-    def __init__(self, local_pods: list[pods.LocalPod], base_env: dict[str, str], logs: pathlib.Path,
-                 say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        local_pods: list[pods.LocalPod],
+        base_env: dict[str, str],
+        logs: pathlib.Path,
+        say: Callable[[str], None],
+    ) -> None:
         self.local_pods = local_pods
         self.base_env = base_env
         self.logs = logs
@@ -127,8 +137,10 @@ class Supervisor:
             if code == CONFIG_ERROR_EXIT or self.restarts[pod.name] >= ROLLOUT_RESTARTS:
                 return "failed", f"{pod.name} exited with code {code}; last log lines:\n{tail}"
             self.restarts[pod.name] += 1
-            self.say(f"{pod.name} exited with code {code}; restarting "
-                     f"({self.restarts[pod.name]}/{ROLLOUT_RESTARTS})")
+            self.say(
+                f"{pod.name} exited with code {code}; restarting "
+                f"({self.restarts[pod.name]}/{ROLLOUT_RESTARTS})"
+            )
             self.start(pod)
         return None
 
@@ -220,19 +232,25 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
             nats_url = nats.url
         else:
             nats_url = str(spec.bus.nats.url)
-        cfg = pods.localize_config(pods.job_json(manifests), nats_url, process.free_port(),
-                                   process.free_port(), process.free_port())
+        cfg = pods.localize_config(
+            pods.job_json(manifests), nats_url, process.free_port(), process.free_port(), process.free_port()
+        )
         config_path = run_dir / "job.json"
         config_path.write_text(cfg.model_dump_json(by_alias=True, exclude_none=True, indent=2))
         local_pods = pods.expand(manifests, config_path, cfg, process.free_port)
         (run_dir / "pods.json").write_text(pods.describe(local_pods))
-        base_env = {**LOCAL_ENV_DEFAULTS, **os.environ,
-                    "ASYNCRL_STEP_LOG": str(run_dir / "steps.jsonl"),
-                    "ASYNCRL_PROGRESS_FILE": str(run_dir / "progress.json")}
+        base_env = {
+            **LOCAL_ENV_DEFAULTS,
+            **os.environ,
+            "ASYNCRL_STEP_LOG": str(run_dir / "steps.jsonl"),
+            "ASYNCRL_PROGRESS_FILE": str(run_dir / "progress.json"),
+        }
         supervisor = Supervisor(local_pods, base_env, run_dir / "logs", out.say)
         supervisor.start_all()
-        out.say(f"asyncrl: started {', '.join(p.name for p in local_pods)} (logs in {run_dir / 'logs'}); "
-                "Ctrl-C stops")
+        out.say(
+            f"asyncrl: started {', '.join(p.name for p in local_pods)} (logs in {run_dir / 'logs'}); "
+            "Ctrl-C stops"
+        )
         outcome, detail = _watch(options, spec.max_steps, supervisor, run_dir, stop, out)
         if outcome == "stopped":
             detail = reason["why"] if stop.is_set() else detail
@@ -246,8 +264,12 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         stop_seconds = time.monotonic() - stopping
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    summary = {"outcome": outcome, "detail": detail, "runDir": str(run_dir),
-               "stopSeconds": round(stop_seconds, 2)}
+    summary = {
+        "outcome": outcome,
+        "detail": detail,
+        "runDir": str(run_dir),
+        "stopSeconds": round(stop_seconds, 2),
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     out.say(f"asyncrl: {outcome}: {detail} (all processes stopped in {stop_seconds:.1f}s)")
     out.say(f"asyncrl: metrics in {run_dir / 'metrics.jsonl'}; curves: asyncrl plot {run_dir}")
@@ -258,8 +280,14 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     return 0
 
 
-def _watch(options: Options, max_steps: int | None, supervisor: Supervisor, run_dir: pathlib.Path,
-           stop: threading.Event, out: Terminal) -> tuple[str, str]:
+def _watch(
+    options: Options,
+    max_steps: int | None,
+    supervisor: Supervisor,
+    run_dir: pathlib.Path,
+    stop: threading.Event,
+    out: Terminal,
+) -> tuple[str, str]:
     """Poll until an end condition; append one progress record per poll to metrics.jsonl."""
     tracker = progress.Tracker(max_steps)
     step_log = progress.StepLog(run_dir / "steps.jsonl")

@@ -289,7 +289,7 @@ class Bench:
 
     def trainer_only(self, job: str = "modes-ab") -> dict[str, Any]:
         cfg, port = self.config(job, "async", 1024), self.port()
-        tag = "b" if job == "modes-ab" else f"b-{job}"
+        tag = f"b-{job}"
         log = self.work / f"{tag}-steps.jsonl"
         tr = Proc("b-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
                   trainer_env(self.work, tag, port), self.tcore)  # fmt: skip
@@ -315,12 +315,11 @@ class Bench:
         return out
 
     def joint(self, mode: str, job: str = "") -> dict[str, Any]:
-        tag = job or mode
         job = job or f"modes-{mode}"
         cfg, tport, rport = self.config(job, mode, None), self.port(), self.port()
-        log = self.work / f"{tag}-steps.jsonl"
+        log = self.work / f"{job}-steps.jsonl"
         tr = Proc(f"{mode}-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
-                  trainer_env(self.work, tag, tport), self.tcore)  # fmt: skip
+                  trainer_env(self.work, job, tport), self.tcore)  # fmt: skip
         roll = Proc(f"{mode}-rollout", self.a.rollout_module, cfg, self.work,
                     rollout_env(rport), self.rcore)  # fmt: skip
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ import torch.distributed as dist
 import torch.distributed.device_mesh
 import torch.distributed.fsdp
 import torch.distributed.tensor
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +93,23 @@ def broadcast_object(obj: object, world: World) -> object:
     return box[0]
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(finished: bool = True, barrier_timeout_s: float = 60.0) -> None:
+    """Leave the default group.
+
+    ``finished``: every rank reached this point on the normal path, so the ranks first wait for each
+    other (a bounded barrier) and then tear down together. Without it a rank that is done early
+    destroys its gloo pairs, and rank 0 the TCPStore it hosts, while a peer is still in its last
+    collective or store call. After a failure the barrier is skipped: a dead peer would hold it until
+    the timeout.
+    """
+    if not dist.is_initialized():
+        return
+    if finished and dist.get_world_size() > 1:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=barrier_timeout_s))
+            else:
+                dist.barrier()
+        except RuntimeError as exc:  # a peer died on its way out: still leave the group
+            log.warning("shutdown: ranks did not meet before leaving (%s)", str(exc)[:200])
+    dist.destroy_process_group()

@@ -217,6 +217,7 @@ def run(cfg: config_mod.JobConfig) -> None:
         state.step = int(meta["step"])
         log.info("resumed from %s (step %d)", directory, state.step)
     settings = loop.LoopSettings(max_steps=spec.max_steps, sync_every_steps=spec.async_.sync_every_steps)
+    finished = False
     try:
         if world.is_main:
             ledger = checkpoint.Ledger.load(pathlib.Path(ck.path) / checkpoint.LEDGER)
@@ -232,5 +233,6 @@ def run(cfg: config_mod.JobConfig) -> None:
                 bound if world.local_rank == 0 else None,
             )
             follower.run(state)
+        finished = True
     finally:
-        fsdp.shutdown()
+        fsdp.shutdown(finished)

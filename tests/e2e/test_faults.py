@@ -96,7 +96,7 @@ def test_killed_rollout_is_dropped_training_goes_on_and_a_restarted_one_joins(jo
         "the restarted rollout to join",
         localjob.synced_with({"0", "1"}, restarted_at),
         timeout=RESTART_S,
-        alive=ALIVE,
+        alive=(*ALIVE, "rollout-1"),  # the restarted process must come up, not die
     )
     assert joined["version"] > restarted_at
     versions = [s["version"] for s in job.steps()]
@@ -125,5 +125,8 @@ def test_frozen_rollout_is_dropped_at_the_deadline_and_rejoins_when_thawed(job: 
     thawed_at = job.steps()[-1]["version"]
     job.signal("rollout-1", signal.SIGCONT)
     job.wait(
-        "the thawed rollout to rejoin", localjob.synced_with({"0", "1"}, thawed_at), timeout=120, alive=ALIVE
+        "the thawed rollout to rejoin",
+        localjob.synced_with({"0", "1"}, thawed_at),
+        timeout=120,
+        alive=(*ALIVE, "rollout-1"),
     )

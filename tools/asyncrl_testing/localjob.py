@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,12 +98,29 @@ class LocalJob:
         names = list(self.procs) if alive is None else list(alive)
         while time.monotonic() < deadline:
             for name in names:
-                assert self.procs[name].poll() is None, f"{name} exited: {self.log(name)[-3000:]}"
+                code = self.procs[name].poll()
+                assert code is None, f"{name} exited ({code}) waiting for {what}: {self.log(name)[-3000:]}"
             found = check(self.steps())
             if found:
                 return found
             time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}; last steps: {self.steps()[-3:]}")
+        last = self.steps()[-3:]
+        raise AssertionError(f"timed out waiting for {what}; last steps: {last}\n{self.diagnose()}")
+
+    def diagnose(self) -> str:
+        """What every process of the job is doing: exit code, or the state and kernel wait channel of
+        each process in its group, a Python stack dump (py-spy, when installed) and its log's tail.
+        For a failed wait: a process that hangs silently otherwise leaves nothing to go on."""
+        out = []
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            out.append(f"--- {name} (pid {proc.pid}): {'running' if code is None else f'exited {code}'}")
+            if code is None:
+                out.extend(_group_states(proc.pid))
+                out.append(_py_spy_dump(proc.pid))
+            log_text = self.log(name) if (self.tmp / f"{name}.log").exists() else "(no log)"
+            out.append(f"log: {len(log_text)} chars; last lines:\n" + "\n".join(log_text.splitlines()[-12:]))
+        return "\n".join(out)
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -115,6 +133,32 @@ class LocalJob:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (vLLM engine processes)
         self.nats.stop()
+
+
+def _group_states(pgid: int) -> list[str]:
+    """``pid state wchan cmdline`` of every process in process group ``pgid`` (from /proc)."""
+    lines = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields after "(comm)": state ppid pgrp ...
+                continue
+            pid = stat.parent
+            wchan = (pid / "wchan").read_text()
+            cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            lines.append(f"  pid {pid.name} state {fields[0]} wchan {wchan or '-'} {cmd}")
+    return lines or [f"  (no process in group {pgid})"]
+
+
+def _py_spy_dump(pid: int) -> str:
+    spy = shutil.which("py-spy") or str(pathlib.Path(sys.executable).with_name("py-spy"))
+    if not os.path.exists(spy):
+        return "  (py-spy not installed: no stack dump)"
+    try:
+        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "  (py-spy dump timed out)"
+    return (done.stdout + done.stderr)[-4000:]
 
 
 def syncs(steps: Steps) -> Steps:

@@ -150,6 +150,7 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
         await consumer.open()
         stop = asyncio.Event()
         first = await intake.next_batch(3, stop, wait_s=5.0)
+        wasted = intake.dropped_stale_tokens  # the stale sample was pulled and dropped by trainer 1
         intake.ledger.record_step(1, 3, [t.trajectory.id for t in first])  # the step happened ...
         await nc.close()  # ... and the trainer died before acking
 
@@ -164,9 +165,9 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
         left = await intake.next_batch(3, stop, wait_s=1.0)
         state = await consumer.state()
         await nc.close()
-        return first, second, left, intake, state
+        return first, second, left, intake, state, wasted
 
-    first, second, left, intake, state = asyncio.run(scenario())
+    first, second, left, intake, state, wasted = asyncio.run(scenario())
     first_ids = {t.trajectory.id for t in first}
     second_ids = {t.trajectory.id for t in second}
     assert len(first_ids) == 4 and len(second_ids) == 4
@@ -174,6 +175,7 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
     assert left == []
     assert intake.redeliveries_skipped == 4
     assert (intake.ledger.dropped_stale, intake.ledger.dropped_invalid) == (1, 1)
+    assert wasted == len(make(9, 0, version=0).response_ids)  # the generation that was wasted
     assert state.messages == 0
     assert intake.ledger.acked_total == state.last_seq  # 8 trained + 1 stale + 1 invalid: all accounted
 

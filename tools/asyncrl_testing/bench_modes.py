@@ -195,7 +195,10 @@ def window_rate(steps: list[dict[str, Any]], start: float, end: float) -> dict[s
             statistics.median(steps[i]["time"] - steps[i - 1]["time"] for i in range(k0 + 1, k1 + 1)), 2
         ),
         "staleness_max": max(stale, default=0),
-        "dropped_stale": steps[k1]["counters"]["dropped_stale"],
+        # drops inside the window (the counters are totals since the trainer started)
+        "dropped_stale": steps[k1]["counters"]["dropped_stale"] - steps[k0]["counters"]["dropped_stale"],
+        "dropped_stale_tokens": steps[k1]["counters"]["dropped_stale_tokens"]
+        - steps[k0]["counters"]["dropped_stale_tokens"],
     }
 
 
@@ -343,6 +346,8 @@ class Bench:
         out["produced_per_s"] = round(produced / self.a.measure, 2)
         out["mean_response_tokens"] = round((m1[TOKENS] - m0[TOKENS]) / max(produced, 1), 1)
         out["tokens_per_s"] = round((m1[TOKENS] - m0[TOKENS]) / self.a.measure, 1)
+        if out.get("dropped_stale_tokens") is not None and m1[TOKENS] > m0[TOKENS]:
+            out["stale_token_fraction"] = round(out["dropped_stale_tokens"] / (m1[TOKENS] - m0[TOKENS]), 4)
         pauses = m1[PAUSE_COUNT] - m0[PAUSE_COUNT]
         out["pauses"] = int(pauses)
         out["pause_s_mean"] = round((m1[PAUSE_SUM] - m0[PAUSE_SUM]) / pauses, 4) if pauses else None

@@ -16,6 +16,8 @@ import prometheus_client
 REGISTRY = prometheus_client.CollectorRegistry()
 _LABELS = ("namespace", "job", "role", "replica")
 DROP_REASONS = ("queue_full", "stale", "invalid")
+TOKEN_DROP_REASONS = ("stale", "invalid")
+"""The trainer sees the tokens of what it drops; a queue_full drop never reaches it."""
 
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -41,6 +43,9 @@ PRODUCED = _counter(
 )
 CONSUMED = _counter("asyncrl_trajectories_consumed", "Trajectories used in an optimizer step and acked.")
 DROPPED = _counter("asyncrl_trajectories_dropped", "Trajectories never trained on, by reason.", ("reason",))
+TOKENS_DROPPED = _counter(
+    "asyncrl_tokens_dropped", "Response tokens of trajectories never trained on, by reason.", ("reason",)
+)
 QUEUE_DEPTH = _gauge("asyncrl_queue_depth", "Trajectories in the bus stream (including delivered, unacked).")
 QUEUE_OLDEST_AGE = _gauge("asyncrl_queue_oldest_age_seconds", "Age of the oldest trajectory in the stream.")
 STALENESS = _histogram(
@@ -96,6 +101,7 @@ class Bound:
         self.produced = PRODUCED.labels(*values)
         self.consumed = CONSUMED.labels(*values)
         self.dropped = {reason: DROPPED.labels(*values, reason) for reason in DROP_REASONS}
+        self.tokens_dropped = {r: TOKENS_DROPPED.labels(*values, r) for r in TOKEN_DROP_REASONS}
         self.queue_depth = QUEUE_DEPTH.labels(*values)
         self.queue_oldest_age = QUEUE_OLDEST_AGE.labels(*values)
         self.staleness = STALENESS.labels(*values)

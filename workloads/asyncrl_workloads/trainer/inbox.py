@@ -53,6 +53,8 @@ class Inbox:
         self.fetch_batch = fetch_batch
         self.fetch_timeout_s = fetch_timeout_s
         self.redeliveries_skipped = 0
+        self.dropped_stale_tokens = 0
+        """Response tokens of the samples dropped as stale by this process (generation wasted)."""
 
     async def next_batch(self, version: int, stop: asyncio.Event, wait_s: float) -> list[Taken] | None:
         """The next step's samples (all within the staleness bound); [] if none within `wait_s`; None
@@ -115,3 +117,11 @@ class Inbox:
             await rec.msg.ack()
         self.metrics.dropped["stale"].inc(len(stale))
         self.metrics.dropped["invalid"].inc(len(invalid))
+        stale_tokens = _response_tokens(stale)
+        self.dropped_stale_tokens += stale_tokens
+        self.metrics.tokens_dropped["stale"].inc(stale_tokens)
+        self.metrics.tokens_dropped["invalid"].inc(_response_tokens(invalid))
+
+
+def _response_tokens(received: list[jetstream.Received]) -> int:
+    return sum(len(r.trajectory.response_ids) for r in received if r.trajectory is not None)

@@ -81,6 +81,7 @@ class StepLog:
         return {
             "consumed": led.consumed_total,
             "dropped_stale": led.dropped_stale,
+            "dropped_stale_tokens": self.intake.dropped_stale_tokens,
             "dropped_invalid": led.dropped_invalid,
             "dropped_queue_full": self.queue_full_reported,
             "queue_depth": self.queue_depth,

@@ -108,13 +108,8 @@ def main() -> int:
     parser.add_argument("--keep", type=pathlib.Path, help="work dir to keep (logs, step logs, configs)")
     args = parser.parse_args()
     # the job shape of bench_modes (the settings its spec_for reads)
-    args.max_tokens, args.prompts, args.staleness, args.lr, args.kv_cache_on_update = (
-        256,
-        16,
-        2,
-        1e-12,
-        "recompute",
-    )
+    args.max_tokens, args.prompts, args.staleness, args.lr = 256, 16, 2, 1e-12
+    args.kv_cache_on_update, args.sync_every = "recompute", 1
     pin, why = bm.pinnable((args.rollout_core, args.trainer_core))
     if not pin:
         print(f"cannot pin: {why}", file=sys.stderr)

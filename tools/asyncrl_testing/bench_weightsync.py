@@ -15,7 +15,8 @@ Reported per mode (medians over syncs, the first sync left out: it forms the gro
 ``pause_ms`` (rollout side: the engine took no step, from the end of the step it was running when
 asked to pause until it resumed), ``pause_wait_ms`` (that step's remainder: still generating),
 ``transfer_ms`` (the trainer's broadcast of all buckets: pure transfer), their ratio P3 (goal
-<= 1.2), the trainer's whole round ``round_ms``, and the 1-minute load average; for the overlapped
+<= 1.2), the trainer's whole round ``round_ms``, the 1-minute load average and ``acks_match``
+(every ack carried the checksum of the weights sent that round); for the overlapped
 mode also ``p3_vs_serial_transfer`` (its pause over the serial mode's uncontended transfer).
 
 Measured 2026-11-29 on the shared 2-core machine (load 9-13): 104 MB model, overlapped pause
@@ -90,7 +91,7 @@ async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: in
         task = asyncio.create_task(worker.run(stop))
         while not await asyncio.to_thread(trainer.members):
             await asyncio.sleep(0.05)
-        reports = []
+        reports, expected = [], []
         g = torch.Generator().manual_seed(0)
         for version in range(1, syncs + 1):
             await asyncio.sleep(1.0)  # generation under way
@@ -99,11 +100,13 @@ async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: in
                     p.add_(1e-3 * torch.randn(p.shape, generator=g))
             named = list(hf.state_dict().items())
             reports.append(await asyncio.to_thread(trainer.sync, version, named))
+            expected.append(sender.expected_checksum(named))
         await asyncio.sleep(1.0)
         stop.set()
         await task
         engine.shutdown()
         trainer.close()
+        acks_match = all(r.checksums == {0: e} for r, e in zip(reports, expected, strict=True))
         ok = [r for r in reports if r.members == [0]]
         updates = [u for u in worker.stats.updates if "pause_s" in u][1:]  # the first forms the group
         ok = ok[1:]
@@ -115,7 +118,7 @@ async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: in
             "p3": round(pause / transfer, 2),
             "pause_wait_ms": round(1e3 * statistics.median(u["pause_wait_s"] for u in updates), 1),
             "round_ms": round(1e3 * statistics.median(r.total_seconds for r in ok), 1),
-            "samples": len(sink), "load1": round(os.getloadavg()[0], 1),
+            "samples": len(sink), "load1": round(os.getloadavg()[0], 1), "acks_match": acks_match,
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     # The overlapped transfer competes with generation for the CPU, so it is slower than the serial

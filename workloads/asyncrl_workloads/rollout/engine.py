@@ -23,12 +23,13 @@ It imports vLLM, so import it only after the config has been parsed.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from vllm import SamplingParams
@@ -194,19 +195,25 @@ class RolloutEngine:
             "asyncrl_prefetch", args=(base.encode(plan).decode(), base.encode(roster).decode())
         )
 
-    async def apply_prefetched(self, plan: base.Plan) -> str:
-        """Load what ``prefetch`` received (generation must be paused); returns the checksum."""
-        results = await self.llm.collective_rpc(
-            "asyncrl_apply_prefetched", args=(base.encode(plan).decode(),)
-        )
-        await self.llm.update_weight_version(str(plan.version))
-        self.version = plan.version
-        return ",".join(sorted(set(results)))
+    @property
+    def posts_checksum(self) -> bool:
+        """Whether the engine workers post the checksum of what ``update`` loaded to the trainer's
+        store (as ``received``, hashed after the load so not inside the pause; gloo: yes, NCCL: no)."""
+        return self.settings.backend != "nccl"
 
-    async def update(self, plan: base.Plan, roster: base.Roster) -> str:
-        """Receive and load ``plan.version`` (generation must be paused); returns the checksum of
-        what the workers loaded ("" on the NCCL path). Raises if the transfer failed: on the gloo
-        path the old weights then stay; on the NCCL path ``base.EngineUnusable``."""
+    async def apply_prefetched(self, plan: base.Plan) -> str:
+        """Load what ``prefetch`` received and stamp ``plan.version`` (generation must be paused);
+        returns the checksum. On failure the stamp is back at the old version before this returns
+        (so before the caller resumes), ``version`` is unchanged, and the error is raised."""
+        apply = self.llm.collective_rpc("asyncrl_apply_prefetched", args=(base.encode(plan).decode(),))
+        results = await self._stamped(plan.version, apply)
+        return ",".join(sorted(set(results[0])))
+
+    async def update(self, plan: base.Plan, roster: base.Roster) -> None:
+        """Receive and load ``plan.version`` (generation must be paused). Raises if the transfer
+        failed: on the gloo path the old weights then stay (and the old version stamp); on the NCCL
+        path ``base.EngineUnusable``. The gloo workers post the checksum of what they loaded
+        afterwards (``posts_checksum``)."""
         t0 = time.monotonic()
         if self.settings.backend == "nccl":
             host, port, replica, incarnation = self._sync_target
@@ -214,18 +221,44 @@ class RolloutEngine:
                 self.llm, plan, roster, host, port, replica, incarnation, self._nccl_state
             )
             self.version = plan.version
-            return ""
-        await self.llm.start_weight_update()
+            return
         info = {"plan": base.encode(plan).decode(), "roster": base.encode(roster).decode()}
-        await self.llm.update_weights(
-            WeightTransferUpdateRequest(update_info=info)
-        )  # raises: old weights kept
-        await self.llm.finish_weight_update(weight_version=str(plan.version))
-        self.version = plan.version
-        results = await self.llm.collective_rpc("asyncrl_last_update")
-        checksums = {checksum for _, checksum in results}
+        # vLLM's session (start -> update_weights -> finish), its calls sent back to back: the
+        # worker refuses update/finish without a started session, so a failed call fails the rest.
+        await self._stamped(
+            plan.version,
+            self.llm.start_weight_update(),
+            self.llm.update_weights(WeightTransferUpdateRequest(update_info=info)),
+            self.llm.collective_rpc("finish_weight_update"),
+        )
         log.info("loaded v%d in %.1f ms", plan.version, 1e3 * (time.monotonic() - t0))
-        return ",".join(sorted(checksums))
+
+    async def _stamped(self, version: int, *calls: Awaitable[Any]) -> list[Any]:
+        """Run ``calls`` and stamp ``version`` in one round trip; the old stamp is put back if any
+        of them fails. Returns the calls' results.
+
+        vLLM's engine core runs utility calls (``collective_rpc``, ``set_weight_version``) one at
+        a time in the order they were sent: one socket, one input queue, one thread, between steps
+        (``EngineCoreProc.process_input_sockets`` / ``_process_input_queue``, vllm 0.32). The calls
+        start in argument order (``asyncio.gather`` schedules its tasks in order and each sends
+        before its first suspension), so the stamp takes effect after the load and before the
+        resume the caller sends next; outputs carry the stamp of the step that produced them
+        (``EngineCore._attach_weight_version``) and no step runs while paused. Waiting for each
+        reply before sending the next call only added round trips to the pause.
+        """
+        old = str(self.version)
+        *results, stamp = await asyncio.gather(
+            *calls, self.llm.update_weight_version(str(version)), return_exceptions=True
+        )
+        failed = [r for r in (*results, stamp) if isinstance(r, BaseException)]
+        if failed:
+            try:
+                await self.llm.update_weight_version(old)
+            except Exception as exc:  # the stamp would lie about the weights: restart the replica
+                raise base.EngineUnusable(f"v{old} stamp not restored after {failed[0]!r}: {exc}") from exc
+            raise failed[0]
+        self.version = version
+        return results
 
     def shutdown(self) -> None:
         self.llm.shutdown()

@@ -7,17 +7,19 @@ wait for them (``partialRollout: false``) and to count those that continue under
 
 The round, gloo with overlap (``engine.overlapped``): ready -> roster -> prefetch (the engine
 workers receive the weights while the engine keeps generating) -> wait until received -> ack ->
-[``partialRollout: false``: drain] -> pause -> apply what was received -> resume. Only the reload
-happens inside the pause.
+[``partialRollout: false``: drain] -> pause -> apply what was received and stamp the version (one
+engine round trip) -> resume. Only the reload happens inside the pause.
 
 NCCL, or gloo without overlap: [``partialRollout: false``: drain] -> pause -> ready -> roster ->
-update (receive and load) -> ack -> resume. The whole transfer happens inside the pause.
+update (receive, load, stamp the version) -> resume -> [gloo: wait for the checksum the workers
+compute after the load] -> ack. The whole transfer happens inside the pause; hashing does not.
 
 Drain: admission closes and the round waits until the in-flight groups have finished under the old
 weights. With ``partialRollout: true`` there is no drain: in-flight requests are frozen by the pause
 and continue under the new weights (their tokens then carry several versions).
 
-On failure the engine is always resumed and admission reopened:
+On failure the engine is always resumed (before the failure is handled: a rejoin is a store round
+trip the pause need not include) and admission reopened:
 
 - ``base.EngineUnusable`` (the NCCL path failed mid-load: the weights are half-written) is raised
   to the caller; the worker stops and the replica restarts.
@@ -37,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.rollout import admission as admission_mod
@@ -70,45 +72,11 @@ class Updater:
     async def apply(self, plan: base.Plan) -> dict[str, float] | None:
         """Run one round for ``plan``; returns its record (times in seconds) once the version is
         loaded, None when it was not (the old version is kept). Raises ``base.EngineUnusable``."""
-        link, clock = self.link, self.clock
         record: dict[str, float] = {"version": plan.version}
-        t0 = clock()
-        paused_at: float | None = None
-        idle_from: float | None = None
         try:
-            if self.engine.overlapped:
-                await asyncio.to_thread(link.ready, plan)
-                roster = await asyncio.to_thread(link.roster, plan)
-                if not await self._in(roster, plan):
-                    return None
-                t_roster = clock()
-                await self.engine.prefetch(plan, roster)
-                received = await asyncio.to_thread(link.wait_received, plan)
-                t_received = clock()
-                await asyncio.to_thread(link.ack, plan, received, t_received - t_roster)
-                record.update(wait_roster_s=t_roster - t0, transfer_s=t_received - t_roster)
-                await self._drain()
-                paused_at = clock()
-                await self.engine.pause()
-                idle_from = clock()
-                self.m.preempted.inc(len(self.inflight))  # requests that continue under new weights
-                loaded = await self.engine.apply_prefetched(plan)
-                if loaded != received:
-                    raise RuntimeError(f"loaded checksum {loaded} != received {received}")
-            else:
-                await self._drain()
-                paused_at = clock()
-                await self.engine.pause()
-                idle_from = clock()
-                self.m.preempted.inc(len(self.inflight))
-                await asyncio.to_thread(link.ready, plan)
-                roster = await asyncio.to_thread(link.roster, plan)
-                if not await self._in(roster, plan):
-                    return None
-                t_roster = clock()
-                loaded = await self.engine.update(plan, roster)
-                record.update(wait_roster_s=t_roster - t0, transfer_s=clock() - t_roster)
-                await asyncio.to_thread(link.ack, plan, loaded, record["transfer_s"])
+            run = self._overlapped if self.engine.overlapped else self._serial
+            if not await run(plan, record, self.clock()):
+                return None
             self.m.param_version.set(plan.version)
             self.m.weight_sync_seconds.observe(record["transfer_s"])
             self.admission.version_loaded()
@@ -119,19 +87,67 @@ class Updater:
         except Exception as exc:  # TrainerUnreachable, TransferFailed, a deadline, a broken group
             log.warning("v%d: weight update failed (%s); keeping v%d", plan.version, exc, self.engine.version)
             with contextlib.suppress(replica.TrainerUnreachable):
-                await asyncio.to_thread(link.rejoin)
+                await asyncio.to_thread(self.link.rejoin)
             return None
         finally:
-            if paused_at is not None:
-                await self.engine.resume()
-                # The pause call returns once the engine has finished the step it was running
-                # (vLLM answers utility calls between steps): that wait still produced tokens, so it
-                # is recorded apart; the pause is the time the engine took no step.
-                resumed = clock()
-                idle_from = resumed if idle_from is None else idle_from
-                record.update(pause_s=resumed - idle_from, pause_wait_s=idle_from - paused_at)
-                self.m.rollout_pause_seconds.observe(record["pause_s"])
             self.admission.reopen()
+
+    async def _overlapped(self, plan: base.Plan, record: dict[str, float], t0: float) -> bool:
+        link, clock = self.link, self.clock
+        await asyncio.to_thread(link.ready, plan)
+        roster = await asyncio.to_thread(link.roster, plan)
+        if not await self._in(roster, plan):
+            return False
+        t_roster = clock()
+        await self.engine.prefetch(plan, roster)
+        received = await asyncio.to_thread(link.wait_received, plan)
+        t_received = clock()
+        await asyncio.to_thread(link.ack, plan, received, t_received - t_roster)
+        record.update(wait_roster_s=t_roster - t0, transfer_s=t_received - t_roster)
+        await self._drain()
+        async with self._paused(record):
+            loaded = await self.engine.apply_prefetched(plan)
+        if loaded != received:
+            raise RuntimeError(f"loaded checksum {loaded} != received {received}")
+        return True
+
+    async def _serial(self, plan: base.Plan, record: dict[str, float], t0: float) -> bool:
+        link, clock = self.link, self.clock
+        await self._drain()
+        async with self._paused(record):
+            await asyncio.to_thread(link.ready, plan)
+            roster = await asyncio.to_thread(link.roster, plan)
+            if not await self._in(roster, plan):
+                return False
+            t_roster = clock()
+            await self.engine.update(plan, roster)
+            record.update(wait_roster_s=t_roster - t0, transfer_s=clock() - t_roster)
+        # Generating again: the workers hash what they loaded meanwhile (NCCL: no checksum).
+        loaded = await asyncio.to_thread(link.wait_received, plan) if self.engine.posts_checksum else ""
+        await asyncio.to_thread(link.ack, plan, loaded, record["transfer_s"])
+        return True
+
+    @contextlib.asynccontextmanager
+    async def _paused(self, record: dict[str, float]) -> AsyncIterator[None]:
+        """Generation paused for the block; resumed however it ends, before any error is handled.
+
+        The pause call returns once the engine has finished the step it was running (vLLM answers
+        utility calls between steps): that wait still produced tokens, so it is recorded apart
+        (``pause_wait_s``); ``pause_s`` is the time the engine took no step."""
+        clock = self.clock
+        paused_at = clock()
+        idle_from: float | None = None
+        try:
+            await self.engine.pause()
+            idle_from = clock()
+            self.m.preempted.inc(len(self.inflight))  # requests that continue under new weights
+            yield
+        finally:
+            await self.engine.resume()
+            resumed = clock()
+            idle_from = resumed if idle_from is None else idle_from
+            record.update(pause_s=resumed - idle_from, pause_wait_s=idle_from - paused_at)
+            self.m.rollout_pause_seconds.observe(record["pause_s"])
 
     async def _in(self, roster: base.Roster, plan: base.Plan) -> bool:
         """Whether this replica is in the round's group; if not, rejoin for the next version."""

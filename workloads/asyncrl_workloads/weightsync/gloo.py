@@ -22,7 +22,11 @@ receive in a worker thread and returns at once, so the engine keeps generating w
 arrive; the worker marks the round ``received`` in the trainer's store. Only then does the rollout
 pause, and one more RPC (``asyncrl_apply_prefetched``) just reloads what was received: the pause
 per sync is the reload, not the transfer. ``update_weights({plan, prefetched: true})`` does the same
-through vLLM's 3-call session, which costs two more round trips inside the pause.
+through vLLM's 3-call session.
+
+Without overlap (``update_weights({plan, roster})``, the serial round) the worker receives and
+reloads inside the pause and posts the checksum of what it loaded as ``received`` afterwards, from a
+thread (``post_checksum``): the rollout resumes first and reads it from the store to ack.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class _Prefetch:
         self.done = threading.Event()
         self.tensors: list[tuple[str, torch.Tensor]] = []
         self.checksum = ""
-        """Of ``tensors``, computed in the thread (so not again inside the pause)."""
+        """Of ``tensors``, computed in the thread (so not inside the pause)."""
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
@@ -85,8 +89,6 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
 
     receiver: receiver_mod.GlooWeightReceiver | None = None
     prefetch: _Prefetch | None = None
-    last_checksum: str = ""
-    last_version: int = -1
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         self.receiver = receiver_mod.connect(
@@ -134,28 +136,45 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
             raise RuntimeError(f"gloo weight transfer: prefetch of round {plan.seq} failed: {job.error}")
         return job.tensors, job.checksum
 
-    def load(self, plan: base.Plan, tensors: list[tuple[str, torch.Tensor]], known: str = "") -> str:
-        """Reload ``tensors`` in place (vLLM's layerwise reload); returns their checksum (``known``
-        when the caller already computed it: hashing 100 MB costs ~90 ms, which a prefetched round
-        must not spend inside the pause)."""
+    def load(self, plan: base.Plan, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Reload ``tensors`` in place (vLLM's layerwise reload)."""
         t0 = time.monotonic()
         inplace.reload_weights(self.vllm_config, self.model, iter(tensors), None, True)
-        self.last_checksum = known or checksum.of(tensors)
-        self.last_version = plan.version
         log.info("gloo weight transfer v%d: %d tensors reloaded in %.1f ms", plan.version, len(tensors),
                  1e3 * (time.monotonic() - t0))  # fmt: skip
-        return self.last_checksum
 
-    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+    def post_checksum(self, plan: base.Plan, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Hash what was just loaded in a thread and post it to the trainer's store as ``received``
+        (``ReplicaLink.wait_received`` reads it): hashing 100 MB costs ~90 ms, which the serial
+        round need not spend inside the pause. The tensors are the received buffers, which nothing
+        writes after the reload, so this is the checksum of what the worker loaded."""
+        receiver = self._receiver()
+        store, key = receiver.store, rendezvous.received_key(plan.seq, receiver.replica, self._worker_rank())
+
+        def run() -> None:
+            try:
+                outcome = checksum.of(tensors)
+            except Exception as exc:
+                outcome = f"error: checksum: {exc!r}"[:200]
+            store.set(key, outcome)
+
+        threading.Thread(target=run, name=f"asyncrl-checksum-{plan.seq}", daemon=True).start()
+
+    def _receiver(self) -> receiver_mod.GlooWeightReceiver:
         if self.receiver is None:
             raise RuntimeError("gloo weight transfer: init_weight_transfer_engine was not called")
+        return self.receiver
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        receiver = self._receiver()
         plan = base.decode(update_info.plan.encode(), base.Plan)
         if update_info.prefetched:
-            tensors, known = self.take_prefetched(plan)
-        else:
-            roster = base.decode(update_info.roster.encode(), base.Roster)
-            tensors, known = self.receiver.receive(plan, roster, self._worker_rank()), ""
-        self.load(plan, tensors, known)
+            self.load(plan, self.take_prefetched(plan)[0])
+            return
+        roster = base.decode(update_info.roster.encode(), base.Roster)
+        tensors = receiver.receive(plan, roster, self._worker_rank())
+        self.load(plan, tensors)
+        self.post_checksum(plan, tensors)
 
     def finish_weight_update(self) -> None:
         """Nothing: ``receive_weights`` already reloaded (and finalised) the layers."""
@@ -183,20 +202,15 @@ class WorkerExtension:
         so no step runs between this and the version change); returns the checksum."""
         engine = self._gloo_engine()
         decoded = base.decode(plan.encode(), base.Plan)
-        return engine.load(decoded, *engine.take_prefetched(decoded))
+        tensors, received = engine.take_prefetched(decoded)
+        engine.load(decoded, tensors)
+        return received
 
     def _gloo_engine(self) -> GlooWeightTransferEngine:
         engine = getattr(self, "weight_transfer_engine", None)
         if not isinstance(engine, GlooWeightTransferEngine):
             raise RuntimeError("asyncrl weight sync needs weight_transfer_config backend 'gloo'")
         return engine
-
-    def asyncrl_last_update(self) -> tuple[int, str]:
-        """(version, checksum of the received tensors) of the last successful update."""
-        engine = getattr(self, "weight_transfer_engine", None)
-        if not isinstance(engine, GlooWeightTransferEngine):
-            return (-1, "")
-        return (engine.last_version, engine.last_checksum)
 
 
 if BACKEND not in WeightTransferEngineFactory._registry:

@@ -22,7 +22,9 @@ mode also ``p3_vs_serial_transfer`` (its pause over the serial mode's uncontende
 Measured 2026-11-29 on the shared 2-core machine (load 9-13): 104 MB model, overlapped pause
 259 ms / transfer 448 ms = 0.58 (1.10 against the uncontended 235 ms transfer), serial
 542 / 235 = 2.31; the 1.4 MB tiny model is dominated by fixed RPC costs (pause ~50 ms, transfer
-8-18 ms).
+8-18 ms). Since the version stamp shares the load's round trip and the serial round hashes after
+resuming (load 2-3): tiny overlapped pause 16-25 ms over 5-12 ms transfer, of which vLLM's
+layerwise reload alone is 10-20 ms (its own log); 104 MB serial pause 327 ms (was 361 ms).
 """
 
 from __future__ import annotations

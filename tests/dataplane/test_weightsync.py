@@ -230,7 +230,8 @@ def test_late_joiners_are_caught_up_to_the_current_version_alone(trainer, peers,
     w2 = weights(2)
     assert trainer.sync(2, w2, only=[0]).members == [0]
     assert trainer.behind(2) == [1]
-    assert set(trainer.sync(2, w2, only=[1]).dropped) == {1}
+    frozen = trainer.sync(2, w2, only=[1])
+    assert set(frozen.dropped) == {1}, frozen  # once (1 of ~20 runs, loaded box) nothing was dropped
     assert trainer.behind(2) == []
     peers[1].signal(signal.SIGCONT)
     wait_members(trainer, {0, 1})

@@ -93,14 +93,15 @@ def broadcast_object(obj: object, world: World) -> object:
     return box[0]
 
 
-def shutdown(finished: bool = True, barrier_timeout_s: float = 60.0) -> None:
+def shutdown(finished: bool = True, barrier_timeout_s: float = 15.0) -> None:
     """Leave the default group.
 
     ``finished``: every rank reached this point on the normal path, so the ranks first wait for each
     other (a bounded barrier) and then tear down together. Without it a rank that is done early
     destroys its gloo pairs, and rank 0 the TCPStore it hosts, while a peer is still in its last
     collective or store call. After a failure the barrier is skipped: a dead peer would hold it until
-    the timeout.
+    the timeout. The timeout is short: ranks reach this point seconds apart (rank 0's "stop" ends the
+    others' loops), and a pod being deleted has a grace period to finish in.
     """
     if not dist.is_initialized():
         return

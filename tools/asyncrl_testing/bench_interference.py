@@ -130,9 +130,9 @@ def main() -> int:
             rounds = [run_round(bench, i) for i in range(args.rounds)]
     result = {
         "benchmark": "rollout/trainer hardware interference",
-        "rollout_beside_over_alone": statistics.median(r["rollout_ratio"] for r in rounds),
-        "trainer_beside_over_alone": statistics.median(
-            r["trainer_ratio"] for r in rounds if r["trainer_ratio"] is not None
+        "rollout_beside_over_alone": round(statistics.median(r["rollout_ratio"] for r in rounds), 3),
+        "trainer_beside_over_alone": round(
+            statistics.median(r["trainer_ratio"] for r in rounds if r["trainer_ratio"] is not None), 3
         ),
         "rounds": rounds,
         "pinning": bm.pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),

@@ -148,8 +148,9 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
             return [["P1 ceiling", what, "", "— (context for P1)", ""]]
         rs = res["rounds"]
         each = {k: ", ".join(str(r[f"{k}_ratio"]) for r in rs) for k in ("rollout", "trainer")}
-        got = (f"rollout **{res['rollout_beside_over_alone']}** (rounds {each['rollout']}), "
-               f"trainer **{res['trainer_beside_over_alone']}** (rounds {each['trainer']})")  # fmt: skip
+        med = {k: round(res[f"{k}_beside_over_alone"], 3) for k in ("rollout", "trainer")}
+        got = (f"median rollout **{med['rollout']}** (rounds {each['rollout']}), "
+               f"trainer **{med['trainer']}** (rounds {each['trainer']})")  # fmt: skip
         return [["P1 ceiling", what, got, "— (context for P1)", "—"]]
     if not res:
         return [

@@ -94,9 +94,8 @@ class Updater:
 
     async def _overlapped(self, plan: base.Plan, record: dict[str, float], t0: float) -> bool:
         link, clock = self.link, self.clock
-        await asyncio.to_thread(link.ready, plan)
-        roster = await asyncio.to_thread(link.roster, plan)
-        if not await self._in(roster, plan):
+        roster = await self._join(plan)
+        if roster is None:
             return False
         t_roster = clock()
         await self.engine.prefetch(plan, roster)
@@ -111,13 +110,18 @@ class Updater:
             raise RuntimeError(f"loaded checksum {loaded} != received {received}")
         return True
 
+    async def _join(self, plan: base.Plan) -> base.Roster | None:
+        """Say ready for ``plan`` and read its roster; None when the roster left this replica out."""
+        await asyncio.to_thread(self.link.ready, plan)
+        roster = await asyncio.to_thread(self.link.roster, plan)
+        return roster if await self._in(roster, plan) else None
+
     async def _serial(self, plan: base.Plan, record: dict[str, float], t0: float) -> bool:
         link, clock = self.link, self.clock
         await self._drain()
         async with self._paused(record):
-            await asyncio.to_thread(link.ready, plan)
-            roster = await asyncio.to_thread(link.roster, plan)
-            if not await self._in(roster, plan):
+            roster = await self._join(plan)
+            if roster is None:
                 return False
             t_roster = clock()
             await self.engine.update(plan, roster)

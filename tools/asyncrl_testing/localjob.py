@@ -118,8 +118,10 @@ class LocalJob:
             if code is None:
                 out.extend(_group_states(proc.pid))
                 out.append(_py_spy_dump(proc.pid))
+                out.append(_kernel_stack(proc.pid))
             log_text = self.log(name) if (self.tmp / f"{name}.log").exists() else "(no log)"
             out.append(f"log: {len(log_text)} chars; last lines:\n" + "\n".join(log_text.splitlines()[-12:]))
+        out.append(_busiest())
         return "\n".join(out)
 
     def stop(self) -> None:
@@ -135,19 +137,72 @@ class LocalJob:
         self.nats.stop()
 
 
+def _stat_fields(pid: pathlib.Path) -> list[str]:
+    """/proc/PID/stat after ``(comm)``: state ppid pgrp session ... (index 11, 12: utime, stime)."""
+    return (pid / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _group_states(pgid: int) -> list[str]:
-    """``pid state wchan cmdline`` of every process in process group ``pgid`` (from /proc)."""
+    """Per process in group ``pgid`` (from /proc): state, CPU seconds used, context switches (a
+    starved process has few and little CPU; a spinning one much CPU), allowed CPUs, wait channel."""
     lines = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    for pid in pathlib.Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # fields after "(comm)": state ppid pgrp ...
+            fields = _stat_fields(pid)
+            if int(fields[2]) != pgid:
                 continue
-            pid = stat.parent
-            wchan = (pid / "wchan").read_text()
+            status = dict(
+                line.split(":", 1) for line in (pid / "status").read_text().splitlines() if ":" in line
+            )
+            switches = (
+                f"{status['voluntary_ctxt_switches'].strip()}/{status['nonvoluntary_ctxt_switches'].strip()}"
+            )
             cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
-            lines.append(f"  pid {pid.name} state {fields[0]} wchan {wchan or '-'} {cmd}")
+            lines.append(
+                f"  pid {pid.name} state {fields[0]} cpu {_cpu_seconds(fields):.1f}s threads"
+                f" {status['Threads'].strip()} ctxsw vol/invol {switches} cpus"
+                f" {status['Cpus_allowed_list'].strip()} wchan {(pid / 'wchan').read_text() or '-'} {cmd}"
+            )
     return lines or [f"  (no process in group {pgid})"]
+
+
+def _kernel_stack(pid: int) -> str:
+    try:
+        return "  kernel stack:\n" + pathlib.Path(f"/proc/{pid}/stack").read_text()[-1500:]
+    except OSError as exc:
+        return f"  (no kernel stack: {exc})"
+
+
+def _busiest(interval: float = 2.0, top: int = 12) -> str:
+    """The load average and the processes on the whole machine that used the most CPU over ``interval``
+    seconds: what else competes for the cores (an orphan of an earlier test, a busy server)."""
+
+    def sample() -> dict[str, tuple[float, str]]:
+        seen = {}
+        for pid in pathlib.Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100]
+                seen[pid.name] = (_cpu_seconds(_stat_fields(pid)), cmd)
+        return seen
+
+    before = sample()
+    time.sleep(interval)
+    after = sample()
+    used = sorted(
+        ((cpu - before.get(pid, (cpu, ""))[0], cpu, pid, cmd) for pid, (cpu, cmd) in after.items()),
+        reverse=True,
+    )
+    lines = [
+        f"--- machine: load {pathlib.Path('/proc/loadavg').read_text().strip()}; busiest over {interval} s:"
+    ]
+    lines += [
+        f"  {d / interval:5.0%} of a core (total {c:.0f}s) pid {p} {cmd}" for d, c, p, cmd in used[:top]
+    ]
+    return "\n".join(lines)
 
 
 def _py_spy_dump(pid: int) -> str:
@@ -157,8 +212,25 @@ def _py_spy_dump(pid: int) -> str:
     try:
         done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
-        return "  (py-spy dump timed out)"
+        return "  (py-spy dump timed out)\n" + _gdb_stacks(pid)
     return (done.stdout + done.stderr)[-4000:]
+
+
+def _gdb_stacks(pid: int) -> str:
+    """Native stacks of every thread, for when py-spy cannot read the interpreter (e.g. a process
+    spinning in a C extension's initializer during import)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "  (no gdb: no native stacks)"
+    try:
+        done = subprocess.run(
+            [gdb, "-q", "-p", str(pid), "--batch", "-iex", "set auto-load off",
+             "-ex", "thread apply all bt 25"],
+            capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "  (gdb timed out)"
+    return "  native stacks (gdb):\n" + done.stdout[-6000:]
 
 
 def syncs(steps: Steps) -> Steps:

@@ -117,6 +117,35 @@ def test_a_republished_trajectory_is_stored_once(nats_server):
     assert stored == 2
 
 
+def test_a_straggler_published_while_a_batch_waits_goes_into_that_batch_oldest_first(nats_server, tmp_path):
+    """Four groups of version 3 are pulled; a step takes two and two stay held (a full batch). Then a
+    group that was started at version 1 finishes. The next step takes it (the short sweep pulls it, the
+    batcher serves the oldest version first) instead of leaving it behind the newer groups, where at
+    version 4 it would be dropped as stale (maxStaleness 2) and its generation wasted."""
+
+    async def scenario():
+        settings = jetstream.StreamSettings("test", "edf", max_size=100)
+        nc, js = await _connect(nats_server.url)
+        await jetstream.ensure_stream(js, settings)
+        pub = jetstream.Publisher(js, settings)
+        for p in range(4):
+            await pub.publish(make(p, version=3))
+        consumer, intake = _intake(js, settings, checkpoint.Ledger.load(tmp_path / "ledger"), max_staleness=2)
+        await consumer.open()
+        stop = asyncio.Event()
+        first = await intake.next_batch(3, stop, wait_s=5.0)
+        held = intake.batcher.held()
+        await pub.publish(make(9, version=1))
+        second = await intake.next_batch(3, stop, wait_s=5.0)
+        await nc.close()
+        return first, held, second
+
+    first, held, second = asyncio.run(scenario())
+    assert [t.trajectory.group_id for t in first] == ["bus:p0", "bus:p1"]
+    assert held == 2
+    assert [(t.trajectory.group_id, t.staleness) for t in second] == [("bus:p9", 2), ("bus:p2", 0)]
+
+
 def _intake(js, settings, ledger, max_staleness=1):
     consumer = jetstream.Consumer(js, settings)
     return consumer, inbox.Inbox(

@@ -62,6 +62,17 @@ def test_batcher_releases_only_complete_groups_oldest_first():
     assert b.held() == 0
 
 
+def test_batcher_serves_the_group_with_the_oldest_version_first_then_arrival_order():
+    b = batcher.GroupBatcher(prompts_per_step=2, group_timeout_s=30, clock=Clock())
+    for group, version in (("new-a", 7), ("new-b", 7), ("old", 5), ("new-c", 7)):
+        b.add(make(group, 0, size=1, versions=(version,)), group)
+    b.add(make("mixed", 0, size=1, versions=(6, 7)), "mixed")  # judged by its oldest token
+    assert b.has_batch()
+    assert [[h for _, h in g] for g in b.take_batch()] == [["old"], ["mixed"]]
+    assert [[h for _, h in g] for g in b.take_batch()] == [["new-a"], ["new-b"]]
+    assert not b.has_batch()
+
+
 def test_a_stale_member_completes_its_group_and_a_redelivery_is_not_held_twice():
     b = batcher.GroupBatcher(prompts_per_step=1, group_timeout_s=30, clock=Clock())
     assert b.add(make("g0", 0), "m0")

@@ -4,8 +4,12 @@ Called by trainer/loop.py (rank 0 only). GRPO normalises rewards within a prompt
 batcher holds samples until their group is complete: every one of `group_size` samples has either
 arrived or been dropped by the staleness filter. Samples the queue discarded (dropOldest) never
 arrive, so a group that has waited `group_timeout_s` since its first sample is released with what it
-has. A step takes `prompts_per_step` groups (spec.trainer.batch.prompts * spec.async.requireBatches);
-groups are served oldest first.
+has. A step takes `prompts_per_step` groups (spec.trainer.batch.prompts * spec.async.requireBatches).
+
+Ready groups are served earliest deadline first: by the oldest policy version among their samples,
+then by arrival. A group's deadline is that version + maxStaleness (after it, the staleness filter
+drops it), and a long-tailed group started early finishes after groups started later; served in
+arrival order it would miss its deadline behind them and its generation would be wasted.
 
 `H` is the caller's handle for acknowledging a sample (a NATS message); the batcher never acks.
 """
@@ -83,14 +87,21 @@ class GroupBatcher(Generic[H]):
             if not g.members and now - g.first_seen >= self.group_timeout_s
         ]:
             del self._groups[gid]  # every sample that arrived was stale; the rest were discarded
-        return [
+        ready = [
             gid
             for gid, g in self._groups.items()
             if g.members and (g.complete() or now - g.first_seen >= self.group_timeout_s)
         ]
+        ready.sort(key=lambda gid: min(t.oldest_version for t, _ in self._groups[gid].members))
+        return ready  # stable sort: equal versions stay in arrival order (the dict's order)
+
+    def has_batch(self) -> bool:
+        """Whether `take_batch` would return a batch now."""
+        return len(self._ready_ids()) >= self.prompts_per_step
 
     def take_batch(self) -> list[list[tuple[trajectory_mod.Trajectory, H]]] | None:
-        """`prompts_per_step` ready groups (oldest first), removed from the batcher; None if too few."""
+        """`prompts_per_step` ready groups (earliest deadline first), removed from the batcher; None if
+        too few."""
         ready = self._ready_ids()
         if len(ready) < self.prompts_per_step:
             return None

@@ -9,6 +9,10 @@ message, in order:
 3. staleness > maxStaleness -> acked, counted dropped{reason=stale}; from a future version -> invalid;
 4. otherwise held in the group batcher (unacked) until its group is complete.
 
+When the held groups already make a batch, one short pull (`sweep_timeout_s`) first takes in what was
+published since, so the batcher can serve the oldest groups first (trainer/batcher.py): a straggler
+of an old version gets into this step instead of going stale behind newer groups.
+
 Staleness is judged again when a batch is taken, because versions advance while a group waits; so no
 sample older than maxStaleness versions ever reaches a step. Drops are written to the ledger before
 they are acked (a crash in between cannot count them twice).
@@ -44,6 +48,7 @@ class Inbox:
         metrics: metrics_mod.Bound,
         fetch_batch: int = 256,
         fetch_timeout_s: float = 0.5,
+        sweep_timeout_s: float = 0.01,
     ) -> None:
         self.consumer = consumer
         self.filter = stale_filter
@@ -52,6 +57,7 @@ class Inbox:
         self.metrics = metrics
         self.fetch_batch = fetch_batch
         self.fetch_timeout_s = fetch_timeout_s
+        self.sweep_timeout_s = sweep_timeout_s
         self.redeliveries_skipped = 0
         self.dropped_stale_tokens = 0
         """Response tokens of the samples dropped as stale by this process (generation wasted)."""
@@ -61,9 +67,13 @@ class Inbox:
         once `stop` is set. Never cancelled mid-fetch: a cancelled pull could strand delivered messages
         until the server's ack_wait."""
         deadline = time.monotonic() + wait_s
+        swept = False
         while not stop.is_set():
             if time.monotonic() > deadline:
                 return []
+            if not swept and self.batcher.has_batch():
+                swept = True  # costs at most sweep_timeout_s, and only when the bus is empty
+                await self._sort(await self.consumer.fetch(self.fetch_batch, self.sweep_timeout_s), version)
             groups = self.batcher.take_batch()
             if groups is not None:
                 kept: list[Taken] = []

@@ -30,6 +30,8 @@ from asyncrl_testing import jobs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 Steps = list[dict[str, Any]]
+SNAPSHOTS_S = (90.0, 240.0)
+"""Seconds into a wait at which ``LocalJob.wait`` records what every process is doing."""
 
 
 class LocalJob:
@@ -93,10 +95,21 @@ class LocalJob:
         self, what: str, check: Callable[[Steps], Any], timeout: float, alive: Iterable[str] | None = None
     ) -> Any:
         """Poll ``check(steps)`` until it returns something truthy; the processes named in ``alive``
-        (default: all started) must not exit meanwhile."""
-        deadline = time.monotonic() + timeout
+        (default: all started) must not exit meanwhile.
+
+        A wait still going after each of ``SNAPSHOTS_S`` seconds records ``diagnose()`` into
+        ``snapshots.txt`` in the job's directory (and into the failure message): a stall that ends
+        before the timeout still leaves what the processes were doing."""
+        start = time.monotonic()
+        deadline = start + timeout
         names = list(self.procs) if alive is None else list(alive)
+        pending = [s for s in SNAPSHOTS_S if s < timeout]
+        snapshots: list[str] = []
         while time.monotonic() < deadline:
+            if pending and time.monotonic() - start > pending[0]:
+                snapshots.append(f"=== {what}: still waiting after {pending.pop(0)} s\n{self.diagnose()}")
+                with (self.tmp / "snapshots.txt").open("a") as out:
+                    out.write(snapshots[-1] + "\n")
             for name in names:
                 code = self.procs[name].poll()
                 assert code is None, f"{name} exited ({code}) waiting for {what}: {self.log(name)[-3000:]}"
@@ -104,8 +117,11 @@ class LocalJob:
             if found:
                 return found
             time.sleep(0.5)
-        last = self.steps()[-3:]
-        raise AssertionError(f"timed out waiting for {what}; last steps: {last}\n{self.diagnose()}")
+        last = [
+            {k: v for k, v in step.items() if k not in ("ids", "staleness")} for step in self.steps()[-1:]
+        ]
+        earlier = "\n".join(snapshots)
+        raise AssertionError(f"timed out waiting for {what}; last step: {last}\n{earlier}\n{self.diagnose()}")
 
     def diagnose(self) -> str:
         """What every process of the job is doing: exit code, or the state and kernel wait channel of

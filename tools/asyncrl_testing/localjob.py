@@ -213,7 +213,8 @@ def _busiest(interval: float = 2.0, top: int = 12) -> str:
         reverse=True,
     )
     lines = [
-        f"--- machine: load {pathlib.Path('/proc/loadavg').read_text().strip()}; busiest over {interval} s:"
+        f"--- machine: load {pathlib.Path('/proc/loadavg').read_text().strip()}; {_pressure()}",
+        f"busiest over {interval} s:",
     ]
     lines += [
         f"  {d / interval:5.0%} of a core (total {c:.0f}s) pid {p} {cmd}" for d, c, p, cmd in used[:top]
@@ -230,6 +231,20 @@ def _py_spy_dump(pid: int) -> str:
     except subprocess.TimeoutExpired:
         return "  (py-spy dump timed out)\n" + _gdb_stacks(pid)
     return (done.stdout + done.stderr)[-4000:]
+
+
+def _pressure() -> str:
+    """MemAvailable and the kernel's pressure stall averages (share of the last 10 s in which some task
+    waited for CPU, memory or I/O): a process starved by reclaim looks busy but makes no progress."""
+    parts = []
+    with contextlib.suppress(OSError, StopIteration):
+        meminfo = pathlib.Path("/proc/meminfo").read_text().splitlines()
+        parts.append(" ".join(next(line for line in meminfo if line.startswith("MemAvailable")).split()))
+    for kind in ("cpu", "memory", "io"):
+        with contextlib.suppress(OSError, IndexError):
+            some = pathlib.Path(f"/proc/pressure/{kind}").read_text().split()[1]  # "avg10=12.34"
+            parts.append(f"{kind} pressure {some}")
+    return ", ".join(parts)
 
 
 def _gdb_stacks(pid: int) -> str:

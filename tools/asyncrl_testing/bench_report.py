@@ -29,6 +29,20 @@ TOOLS = "tools/asyncrl_testing"
 # name -> (script and its arguments, the script's option for a JSON output file)
 SCRIPTS: dict[str, tuple[list[str], str]] = {
     "modes": ([f"{TOOLS}/bench_modes.py", "--measure", "45", "--rounds", "3"], "--json"),
+    "modes-keep": (
+        [
+            f"{TOOLS}/bench_modes.py",
+            "--measure",
+            "45",
+            "--rounds",
+            "3",
+            "--kv-cache-on-update",
+            "keep",
+            "--phases",
+            "rollout_only,trainer_only,async",
+        ],
+        "--json",
+    ),  # fmt: skip
     "weightsync": ([f"{TOOLS}/bench_weightsync.py", "--syncs", "8"], "--out"),
     "bus": ([f"{TOOLS}/bench_bus.py", "--count", "4000", "--response-tokens", "512"], "--json"),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
@@ -96,6 +110,13 @@ def _verdict(value: float | None, goal: float, higher_is_better: bool) -> str:
 def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
     """Table rows [id, what, measured, goal, verdict] for one stored run."""
     res = rec.get("result") if rec else None
+    if name == "modes-keep":  # the same P1 with rollout.kvCacheOnUpdate keep (no re-prefill after updates)
+        what = "P1 with `kvCacheOnUpdate: keep`: async ÷ min(rollout-only, trainer-only), samples/s"
+        if not res:
+            return [["P1 keep", what, "", "≥ 0.95", ""]]
+        per_round = ", ".join(str(r["p1"]) for r in res["rounds"])
+        got = f"**{res['p1']}** = median of {len(res['rounds'])} interleaved rounds ({per_round})"
+        return [["P1 keep", what, got, "≥ 0.95", _verdict(res["p1"], 0.95, True)]]
     if name == "modes":
         if not res:
             return [["P1", "async ÷ min(rollout-only, trainer-only)", "", "≥ 0.95", ""],
@@ -147,10 +168,10 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         if not res:
             return [["P1 ceiling", what, "", "— (context for P1)", ""]]
         rs = res["rounds"]
-        each = {k: ", ".join(str(r[f"{k}_ratio"]) for r in rs) for k in ("rollout", "trainer")}
+        ratios = {k: ", ".join(str(r[f"{k}_ratio"]) for r in rs) for k in ("rollout", "trainer")}
         med = {k: round(res[f"{k}_beside_over_alone"], 3) for k in ("rollout", "trainer")}
-        got = (f"median rollout **{med['rollout']}** (rounds {each['rollout']}), "
-               f"trainer **{med['trainer']}** (rounds {each['trainer']})")  # fmt: skip
+        got = (f"median rollout **{med['rollout']}** (rounds {ratios['rollout']}), "
+               f"trainer **{med['trainer']}** (rounds {ratios['trainer']})")  # fmt: skip
         return [["P1 ceiling", what, got, "— (context for P1)", "—"]]
     if not res:
         return [
@@ -199,6 +220,10 @@ def render(results: pathlib.Path) -> str:
     modes = json.loads((results / "modes.json").read_text()) if (results / "modes.json").exists() else None
     if modes and modes.get("result"):
         lines += ["", "## P1/P2 details", "", *modes_details(modes["result"])]
+    keep = results / "modes-keep.json"
+    keep_rec = json.loads(keep.read_text()) if keep.exists() else None
+    if keep_rec and keep_rec.get("result"):
+        lines += ["", "## P1 with kvCacheOnUpdate keep: details", "", *modes_details(keep_rec["result"])]
     lines += ["", "## Commands", "", *(commands or ["- none run"]), *([""] + notes if notes else [])]
     lines += ["", f"Regenerate: `.venv/bin/python {TOOLS}/bench_report.py --run {' '.join(SCRIPTS)}`", ""]
     return "\n".join(lines)

@@ -27,6 +27,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("workloads", "operator")]
 
@@ -48,7 +50,9 @@ def make(i: int, prompt_tokens: int, response_tokens: int) -> trajectory.Traject
     )  # fmt: skip
 
 
-async def _drain(fetch, ack_all, count: int) -> None:
+async def _drain(
+    fetch: Callable[[], Awaitable[list[Any]]], ack_all: Callable[[list[Any]], Awaitable[None]], count: int
+) -> None:
     got = 0
     while got < count:
         batch = await fetch()
@@ -66,7 +70,7 @@ async def run_raw(url: str, payloads: list[bytes], job: str) -> float:
     for data in payloads:
         await js.publish(settings.subject, data)
 
-    async def ack_all(msgs):
+    async def ack_all(msgs: list[Any]) -> None:
         for m in msgs:
             await m.ack()
 
@@ -89,7 +93,7 @@ async def run_asyncrl(url: str, trajs: list[trajectory.Trajectory], job: str) ->
     for t in trajs:
         await pub.publish(t)
 
-    async def ack_all(received):
+    async def ack_all(received: list[Any]) -> None:
         for r in received:
             assert r.trajectory is not None
             await r.msg.ack()

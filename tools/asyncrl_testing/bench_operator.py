@@ -32,8 +32,8 @@ from asyncrl_testing import cluster, cluster_client, jobs, operator_proc  # noqa
 
 def _watch_rollouts(api: Any, namespace: str, seen: dict[str, float], stop: threading.Event) -> None:
     apps = kubernetes.client.AppsV1Api(api)
-    watch = kubernetes.watch.Watch()
-    for event in watch.stream(
+    watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+    for event in watch.stream(  # type: ignore[no-untyped-call]
         apps.list_namespaced_stateful_set,
         namespace,
         label_selector="asyncrl.dev/role=rollout",
@@ -42,7 +42,7 @@ def _watch_rollouts(api: Any, namespace: str, seen: dict[str, float], stop: thre
         if event["type"] == "ADDED":
             seen.setdefault(event["object"].metadata.labels["asyncrl.dev/job"], time.monotonic())
         if stop.is_set():
-            watch.stop()
+            watch.stop()  # type: ignore[no-untyped-call]
 
 
 def _peak_rss_mb(pid: int) -> float:

@@ -122,7 +122,7 @@ class OperatorProcess:
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
-            return response.read().decode()
+            return str(response.read().decode())
 
 
 @contextlib.contextmanager

@@ -215,6 +215,7 @@ def wait_until(cond: Callable[[], bool], procs: list[Proc], timeout: float, what
 def sample_lengths(url: str, job: str, count: int = 400) -> dict[str, Any]:
     """Response lengths of up to ``count`` messages spread over the stream (direct get: nothing acked)."""
     import nats
+    import nats.js.errors
     from asyncrl_workloads.bus import codec, subjects
 
     async def go() -> list[int]:
@@ -226,7 +227,10 @@ def sample_lengths(url: str, job: str, count: int = 400) -> dict[str, Any]:
         stride = max(1, (last - first + 1) // count)
         out = []
         for seq in range(first, last + 1, stride):
-            msg = await js.get_msg(stream, seq)
+            try:
+                msg = await js.get_msg(stream, seq)
+            except nats.js.errors.NotFoundError:
+                continue  # acked: the trainer acks groups out of order (oldest version first)
             if msg.data:
                 out.append(len(codec.decode_trajectory(msg.data).response_ids))
         await nc.close()

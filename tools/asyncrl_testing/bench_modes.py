@@ -64,8 +64,8 @@ def spec_for(
 ) -> dict[str, Any]:
     return jobs.deep_merge(jobs.BASE_SPEC, {
         "model": {"path": str(model)}, "mode": mode,
-        "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True, "maxInflightPrompts": 16,
-                    "kvCacheOnUpdate": args.kv_cache_on_update,
+        "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True,
+                    "maxInflightPrompts": args.inflight, "kvCacheOnUpdate": args.kv_cache_on_update,
                     "sampling": {"n": 8, "maxTokens": args.max_tokens, "temperature": 1.0},
                     "engine": {"maxModelLen": 512, "enforceEager": True}},
         "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": args.prompts, "miniBatches": 2},
@@ -406,6 +406,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=16, help="trainer batch.prompts (groups per step)")
     parser.add_argument("--staleness", type=int, default=2, help="maxStaleness of the async phase")
+    parser.add_argument("--inflight", type=int, default=16, help="rollout.maxInflightPrompts of every phase")
     parser.add_argument(
         "--lr", type=float, default=1e-12,
         help="trainer lr; the default holds the policy still so every phase samples the same lengths",
@@ -501,7 +502,7 @@ def main() -> int:
         "pinning": pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),
         "affinity": bench.affinity,
         "settings": {"measure_s": args.measure, "warmup_s": args.warmup, "max_tokens": args.max_tokens,
-                     "n": 8, "batch_prompts": args.prompts, "max_inflight_prompts": 16,
+                     "n": 8, "batch_prompts": args.prompts, "max_inflight_prompts": args.inflight,
                      "async_max_staleness": args.staleness, "sync_every_steps": args.sync_every,
                      "lr": args.lr, "rollout_replicas": 1,
                      "trainer_replicas": 1, "kv_cache_on_update": args.kv_cache_on_update,

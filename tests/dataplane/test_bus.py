@@ -40,16 +40,19 @@ def bound(job: str) -> metrics.Bound:
     return metrics.bind(metrics.Identity("test", job, "rollout", "0"))
 
 
-async def _connect(url):
+async def _connect(url, settings=None):
+    """A connection and its JetStream context; with ``settings``, that job's stream created first."""
     nc = await nats.connect(url)
-    return nc, nc.jetstream()
+    js = nc.jetstream()
+    if settings is not None:
+        await jetstream.ensure_stream(js, settings)
+    return nc, js
 
 
 def test_drop_oldest_keeps_the_newest_and_counts_the_rest(nats_server):
     async def scenario():
-        nc, js = await _connect(nats_server.url)
         settings = jetstream.StreamSettings("test", "dropoldest", max_size=5, when_full="dropOldest")
-        await jetstream.ensure_stream(js, settings)
+        nc, js = await _connect(nats_server.url, settings)
         pub = jetstream.Publisher(js, settings, bound("dropoldest"))
         for i in range(10):
             assert await pub.publish(make(i))
@@ -68,9 +71,8 @@ def test_drop_oldest_keeps_the_newest_and_counts_the_rest(nats_server):
 
 def test_block_backs_off_until_the_trainer_acks_and_loses_nothing(nats_server):
     async def scenario():
-        nc, js = await _connect(nats_server.url)
         settings = jetstream.StreamSettings("test", "block", max_size=3, when_full="block")
-        await jetstream.ensure_stream(js, settings)
+        nc, js = await _connect(nats_server.url, settings)
         pub = jetstream.Publisher(js, settings, bound("block"), max_backoff_s=0.05)
         for i in range(3):
             await pub.publish(make(i))
@@ -103,9 +105,8 @@ def test_block_backs_off_until_the_trainer_acks_and_loses_nothing(nats_server):
 
 def test_a_republished_trajectory_is_stored_once(nats_server):
     async def scenario():
-        nc, js = await _connect(nats_server.url)
         settings = jetstream.StreamSettings("test", "dedup", max_size=10)
-        await jetstream.ensure_stream(js, settings)
+        nc, js = await _connect(nats_server.url, settings)
         pub = jetstream.Publisher(js, settings)
         results = [await pub.publish(make(1)), await pub.publish(make(1)), await pub.publish(make(2))]
         info = await js.stream_info(settings.stream)
@@ -125,8 +126,7 @@ def test_a_straggler_published_while_a_batch_waits_goes_into_that_batch_oldest_f
 
     async def scenario():
         settings = jetstream.StreamSettings("test", "edf", max_size=100)
-        nc, js = await _connect(nats_server.url)
-        await jetstream.ensure_stream(js, settings)
+        nc, js = await _connect(nats_server.url, settings)
         pub = jetstream.Publisher(js, settings)
         for p in range(4):
             await pub.publish(make(p, version=3))
@@ -166,8 +166,7 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
 
     async def scenario():
         settings = jetstream.StreamSettings("test", "crash", max_size=100)
-        nc, js = await _connect(nats_server.url)
-        await jetstream.ensure_stream(js, settings)
+        nc, js = await _connect(nats_server.url, settings)
         pub = jetstream.Publisher(js, settings)
         for p in range(4):
             for s in range(2):
@@ -214,9 +213,8 @@ def test_a_held_sample_discarded_by_the_server_is_not_counted_as_dropped(nats_se
     Those are not lost - the trainer trains and acks them - so only later, never-seen discards count."""
 
     async def scenario():
-        nc, js = await _connect(nats_server.url)
         settings = jetstream.StreamSettings("test", "held", max_size=3, when_full="dropOldest")
-        await jetstream.ensure_stream(js, settings)
+        nc, js = await _connect(nats_server.url, settings)
         pub = jetstream.Publisher(js, settings)
         for i in range(3):
             await pub.publish(make(i))

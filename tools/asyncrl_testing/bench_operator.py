@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import kubernetes  # noqa: E402
 
-from asyncrl_testing import cluster, cluster_client, jobs, operator_proc  # noqa: E402
+from asyncrl_testing import cluster, cluster_client, jobs, operator_proc, procfs  # noqa: E402
 
 
 def _watch_rollouts(api: Any, namespace: str, seen: dict[str, float], stop: threading.Event) -> None:
@@ -54,11 +54,6 @@ def _peak_rss_mb(pid: int) -> float:
 
 def _metric(text: str, name: str) -> float:
     return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0)
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0  # utime + stime, in clock ticks
 
 
 def run(n_jobs: int, rate: float, running: bool, workdir: pathlib.Path) -> dict[str, Any]:
@@ -106,7 +101,7 @@ def run(n_jobs: int, rate: float, running: bool, workdir: pathlib.Path) -> dict[
             "max_s": round(latencies[-1], 3) if latencies else None,
             "operator_rss_before_mb": round(rss_start, 1),
             "operator_peak_rss_mb": round(_peak_rss_mb(op.proc.pid), 1) if op.proc else None,
-            "operator_cpu_seconds": round(_cpu_seconds(op.proc.pid), 1) if op.proc else None,
+            "operator_cpu_seconds": round(procfs.cpu_seconds(op.proc.pid), 1) if op.proc else None,
             "wall_seconds": round(time.monotonic() - begin, 1),
             "load_average_1m": round(__import__("os").getloadavg()[0], 1),
             "reconciles": _metric(op.metrics(), "asyncrl_operator_reconcile_seconds_count"),

@@ -26,7 +26,7 @@ from asyncrl_api import config
 from asyncrl_workloads import tinymodel
 from asyncrl_workloads.local import natsserver, process
 
-from asyncrl_testing import jobs
+from asyncrl_testing import jobs, procfs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 Steps = list[dict[str, Any]]
@@ -153,22 +153,13 @@ class LocalJob:
         self.nats.stop()
 
 
-def _stat_fields(pid: pathlib.Path) -> list[str]:
-    """/proc/PID/stat after ``(comm)``: state ppid pgrp session ... (index 11, 12: utime, stime)."""
-    return (pid / "stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _cpu_seconds(fields: list[str]) -> float:
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _group_states(pgid: int) -> list[str]:
     """Per process in group ``pgid`` (from /proc): state, CPU seconds used, context switches (a
     starved process has few and little CPU; a spinning one much CPU), allowed CPUs, wait channel."""
     lines = []
     for pid in pathlib.Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = _stat_fields(pid)
+            fields = procfs.stat_fields(pid.name)
             if int(fields[2]) != pgid:
                 continue
             status = dict(
@@ -177,9 +168,9 @@ def _group_states(pgid: int) -> list[str]:
             switches = (
                 f"{status['voluntary_ctxt_switches'].strip()}/{status['nonvoluntary_ctxt_switches'].strip()}"
             )
-            cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            cmd = procfs.cmdline(pid.name)
             lines.append(
-                f"  pid {pid.name} state {fields[0]} cpu {_cpu_seconds(fields):.1f}s threads"
+                f"  pid {pid.name} state {fields[0]} cpu {procfs.cpu_seconds(pid.name, fields):.1f}s threads"
                 f" {status['Threads'].strip()} ctxsw vol/invol {switches} cpus"
                 f" {status['Cpus_allowed_list'].strip()} wchan {(pid / 'wchan').read_text() or '-'} {cmd}"
             )
@@ -201,8 +192,7 @@ def _busiest(interval: float = 2.0, top: int = 12) -> str:
         seen = {}
         for pid in pathlib.Path("/proc").glob("[0-9]*"):
             with contextlib.suppress(OSError, IndexError, ValueError):
-                cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100]
-                seen[pid.name] = (_cpu_seconds(_stat_fields(pid)), cmd)
+                seen[pid.name] = (procfs.cpu_seconds(pid.name), procfs.cmdline(pid.name, 100))
         return seen
 
     before = sample()

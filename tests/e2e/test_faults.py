@@ -24,8 +24,10 @@ from asyncrl_testing import localjob
 pytestmark = pytest.mark.e2e
 TIMEOUT_S = 15  # generous: a loaded 2-core machine can take seconds to start a receive
 MAX_STEPS = 5000  # the tests stop the job long before; this only bounds a runaway
-# A vLLM engine starts in ~30 s on an idle 2-core machine. A restart beside a job running flat out took
-# ~70 s locally but ~7 min (once > 8 min) in CI: not explained yet (a timed-out wait dumps every process).
+# A vLLM engine starts in ~30 s on an idle 2-core machine, ~35-45 s beside a job running flat out. Restarts
+# that took 7 min to forever were torch's import (MKL counting cores) moving the new process onto the core
+# where rollout-0's vLLM worker spins, and the kernel not scheduling it there; a local rollout now starts on
+# its own core (process.rollout_cpus). The bound stays generous: a timed-out wait dumps every process.
 RESTART_S = 600
 ALIVE = ("trainer", "rollout-0")  # rollout-1 is the one the tests kill or freeze
 

@@ -3,6 +3,7 @@ records and plots. (The runner running for real: tests/e2e/test_local_runner.py.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import pathlib
@@ -110,9 +111,13 @@ def test_each_local_cpu_rollout_gets_a_core_of_its_own(monkeypatch):
     _, local = _expand(jobs.load_example("tiny-cpu.yaml"))
     binds = {p.name: p.env.get("VLLM_CPU_OMP_THREADS_BIND") for p in local}
     assert binds == {"tiny-trainer-0": None, "tiny-rollout-0": "3", "tiny-rollout-1": "5"}
+    # the whole pod starts on that core, so torch's import never probes the other replica's core
+    assert {p.name: p.cpus for p in local} == {
+        "tiny-trainer-0": None, "tiny-rollout-0": {3}, "tiny-rollout-1": {5}
+    }  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # the user's own binding wins
     _, local = _expand(jobs.load_example("tiny-cpu.yaml"))
-    assert all("VLLM_CPU_OMP_THREADS_BIND" not in p.env for p in local)
+    assert all("VLLM_CPU_OMP_THREADS_BIND" not in p.env and p.cpus is None for p in local)
 
 
 def test_kubernetes_variable_expansion_rules():
@@ -344,3 +349,16 @@ def test_cli_reports_a_bad_job_in_one_line_and_exits_2(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
     assert cli.main(["plot", str(tmp_path / "run")]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_a_pod_with_cpus_starts_on_them_and_its_children_inherit_them(tmp_path):
+    import os
+
+    core = max(os.sched_getaffinity(0))
+    out = tmp_path / "cpus"
+    # the grandchild (what vLLM's EngineCore and worker are to the rollout) reports its own affinity
+    pod = _pod("p-rollout-0", "rollout", f"sh -c 'grep Cpus_allowed_list /proc/self/status > {out}'")
+    supervisor = runner.Supervisor([dataclasses.replace(pod, cpus=frozenset({core}))], {}, tmp_path, print)
+    supervisor.start_all()
+    assert _wait_for(lambda: supervisor.children["p-rollout-0"].poll() is not None)
+    assert out.read_text().split() == ["Cpus_allowed_list:", str(core)]

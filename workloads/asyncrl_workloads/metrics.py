@@ -70,6 +70,14 @@ TRAINER_IDLE = _gauge(
 ROLLOUT_IDLE = _gauge(
     "asyncrl_rollout_idle_ratio", "Fraction of recent wall time the engine had nothing to generate."
 )
+ADMISSION_BLOCKED_SECONDS = _counter(
+    "asyncrl_rollout_admission_blocked_seconds",
+    "Time the rollout had a free generation slot but the staleness bound (maxStaleness) kept it closed.",
+)
+INFLIGHT_GROUP_SECONDS = _counter(
+    "asyncrl_rollout_inflight_group_seconds",
+    "Prompt groups in flight integrated over time; its rate is the mean number of groups generating.",
+)
 TOKENS_GENERATED = _counter("asyncrl_tokens_generated", "Response tokens generated.")
 REWARD = _histogram("asyncrl_reward", "Reward per trajectory.", _REWARD_BUCKETS)
 PARTIAL_ROLLOUTS = _counter(
@@ -112,6 +120,8 @@ class Bound:
         self.trainer_last_step_ts = TRAINER_LAST_STEP_TS.labels(*values)
         self.trainer_idle = TRAINER_IDLE.labels(*values)
         self.rollout_idle = ROLLOUT_IDLE.labels(*values)
+        self.admission_blocked_seconds = ADMISSION_BLOCKED_SECONDS.labels(*values)
+        self.inflight_group_seconds = INFLIGHT_GROUP_SECONDS.labels(*values)
         self.tokens_generated = TOKENS_GENERATED.labels(*values)
         self.reward = REWARD.labels(*values)
         self.partial_rollouts = PARTIAL_ROLLOUTS.labels(*values)

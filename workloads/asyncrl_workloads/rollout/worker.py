@@ -111,12 +111,22 @@ class RolloutWorker:
 
     async def _generation(self, stop: asyncio.Event) -> None:
         admission = self.admission
+        last = time.monotonic()
         while not stop.is_set():
-            if len(self._inflight) >= self.s.max_inflight_prompts or not admission.may_start():
-                if not self._inflight and admission.stalled(self.engine.version, time.monotonic()):
+            now = time.monotonic()
+            self.m.inflight_group_seconds.inc(len(self._inflight) * (now - last))
+            last = now
+            slot_free = len(self._inflight) < self.s.max_inflight_prompts
+            if not slot_free or not admission.may_start():
+                # a free slot, admission neither drained nor paused: the staleness bound alone holds it
+                bound = slot_free and admission.open and not admission.behind
+                if not self._inflight and admission.stalled(self.engine.version, now):
                     log.info("no new version for %.0f s: admitting one more batch", self.s.stall_release_s)
+                    bound = False
                 self._mark_idle(len(self._inflight) == 0)
                 await asyncio.sleep(self.s.poll_s)
+                if bound:
+                    self.m.admission_blocked_seconds.inc(time.monotonic() - now)
                 continue
             admission.started()
             self._mark_idle(False)

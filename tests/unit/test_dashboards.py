@@ -34,6 +34,8 @@ WORKLOAD_METRICS = {
     "asyncrl_rollout_idle_ratio", "asyncrl_tokens_generated_total", "asyncrl_reward",
     "asyncrl_partial_rollouts_total", "asyncrl_tool_calls_total", "asyncrl_agent_turns",
     "asyncrl_preempted_total",
+    # beyond §5: the staleness bound's hold on generation, and the engine's concurrency
+    "asyncrl_rollout_admission_blocked_seconds_total", "asyncrl_rollout_inflight_group_seconds_total",
 }  # fmt: skip
 OPERATOR_METRICS = {
     "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",

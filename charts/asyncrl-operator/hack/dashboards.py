@@ -244,6 +244,32 @@ def job_dashboard() -> dict[str, Any]:
                 )
             ],
         ),
+        panel(
+            "Rollout held back by the staleness bound",
+            "timeseries",
+            [
+                (
+                    "sum by (replica) (rate(asyncrl_rollout_admission_blocked_seconds_total"
+                    f'{{{JOB}, role="rollout"}}[{RI}]))',
+                    "rollout {{replica}}",
+                )
+            ],
+            unit="percentunit",
+            description="Fraction of time a rollout had a free generation slot but maxStaleness kept it from "
+            "starting a group: near 1, generation waits for the trainer.",
+        ),
+        panel(
+            "Prompt groups in flight",
+            "timeseries",
+            [
+                (
+                    "sum by (replica) (rate(asyncrl_rollout_inflight_group_seconds_total"
+                    f'{{{JOB}, role="rollout"}}[{RI}]))',
+                    "rollout {{replica}}",
+                )
+            ],
+            description="Mean prompt groups generating per rollout (at most rollout.maxInflightPrompts).",
+        ),
     ]
     for p in panels:
         if p.pop("targets_format", None):

@@ -39,7 +39,7 @@ def rollout_cpus(replica: int) -> frozenset[int] | None:
     The whole pod (front end, EngineCore, worker) starts on that core, not only the engine's threads: torch's
     import (MKL counting cores) moves each new process onto every allowed CPU in turn, and a process moved
     onto the core where another replica's vLLM worker spins sat runnable for minutes without being scheduled
-    (kernel 6.18; a restarted rollout stuck in ``sched_setaffinity`` → ``affine_move_task``, 1 s of CPU in
+    (kernel 6.18; a restarted rollout stuck in ``sched_setaffinity`` → ``affine_move_task``, < 1 s of CPU in
     10 min). Started on its own core, the probe never leaves it.
     """
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):

@@ -91,7 +91,12 @@ def write_config(
 
 
 def start(
-    name: str, module: str, cfg: pathlib.Path, tmp: pathlib.Path, env: dict[str, str]
+    name: str,
+    module: str,
+    cfg: pathlib.Path,
+    tmp: pathlib.Path,
+    env: dict[str, str],
+    cpus: frozenset[int] | None = None,
 ) -> subprocess.Popen:
     full = {
         **os.environ,
@@ -107,6 +112,7 @@ def start(
         env=full,
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=process.child_setup(False, cpus),
         start_new_session=True,
     )
 
@@ -154,6 +160,7 @@ def run_job(tmp_path: pathlib.Path, mode: str, steps: int, max_staleness: int | 
             },
         )
         for r in (0, 1):
+            cpus = process.rollout_cpus(r)  # a core each, the whole pod on it, as pods get their own
             procs[f"rollout-{r}"] = start(
                 f"rollout-{r}",
                 "asyncrl_workloads.entrypoints.rollout",
@@ -163,8 +170,9 @@ def run_job(tmp_path: pathlib.Path, mode: str, steps: int, max_staleness: int | 
                     "ASYNCRL_ROLE": "rollout",
                     "ASYNCRL_REPLICA": str(r),
                     "ASYNCRL_METRICS_PORT": str(ports[f"rollout-{r}"]),
-                    **process.engine_core_env(r),  # a core each, as pods get their own CPUs
+                    **process.engine_core_env(cpus),
                 },
+                cpus,
             )
         deadline = time.monotonic() + 840
         while procs["trainer"].poll() is None:

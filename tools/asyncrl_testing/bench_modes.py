@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import os
 import pathlib
@@ -53,8 +52,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / d) for d in ("operator", "workloads", "tools")]
 
 from asyncrl_api import config  # noqa: E402
+from asyncrl_workloads.local import process  # noqa: E402
 
-from asyncrl_testing import jobs  # noqa: E402
+from asyncrl_testing import jobs, procfs  # noqa: E402
 
 NS = "bench"
 
@@ -106,14 +106,10 @@ class Proc:
         full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
                 "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
                 **env}  # fmt: skip
-        if core is not None and "rollout" in name:
-            full["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-
-        def setup() -> None:  # in the child, before exec
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphans if we die
-            if core is not None:
-                os.sched_setaffinity(0, {core})
-
+        cpus = None if core is None else frozenset({core})
+        if "rollout" in name:
+            full.update(process.engine_core_env(cpus))
+        setup = process.child_setup(True, cpus)  # no orphans if we die; pinned before exec
         with self.log.open("w") as log:
             self.p = subprocess.Popen([sys.executable, "-m", module, "--config", str(cfg)], env=full,
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -129,10 +125,7 @@ class Proc:
         seen: set[str] = set()
         for proc in pathlib.Path("/proc").iterdir():
             try:
-                if (
-                    not proc.name.isdigit()
-                    or int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) != self.p.pid
-                ):
+                if not proc.name.isdigit() or int(procfs.stat_fields(proc.name)[3]) != self.p.pid:
                     continue
                 for task in (proc / "task").iterdir():
                     for line in (task / "status").read_text().splitlines():

@@ -68,8 +68,8 @@ class LocalJob:
             env["ASYNCRL_STEP_LOG"] = str(self.steps_path)
         else:
             env["ASYNCRL_REPLICA"] = str(replica)
-            env.update(process.engine_core_env(replica))  # a core per rollout, as pods get their own CPUs
-            cpus = process.rollout_cpus(replica)
+            cpus = process.rollout_cpus(replica)  # a core per rollout, as pods get their own CPUs
+            env.update(process.engine_core_env(cpus))
         with (self.tmp / f"{name}.log").open("a") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", f"asyncrl_workloads.entrypoints.{role}", "--config", str(self.config)],

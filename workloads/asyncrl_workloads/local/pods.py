@@ -176,8 +176,8 @@ def expand(
                 env["MASTER_PORT"] = str(cfg.endpoints.torch_master_port)
             cpus = None
             if role == "rollout" and cfg.spec.rollout.gpus_per_replica == 0:
-                env.update(process.engine_core_env(ordinal))
                 cpus = process.rollout_cpus(ordinal)
+                env.update(process.engine_core_env(cpus))
             metrics_port = next_port()
             env["ASYNCRL_METRICS_PORT"] = str(metrics_port)
             argv = [expand_vars(arg, env) for arg in container["command"] + container.get("args", [])]

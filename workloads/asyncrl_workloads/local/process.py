@@ -48,9 +48,8 @@ def rollout_cpus(replica: int) -> frozenset[int] | None:
     return frozenset({cores[replica % len(cores)]})
 
 
-def engine_core_env(replica: int) -> dict[str, str]:
-    """vLLM's CPU thread binding for local rollout ``replica``: the core of `rollout_cpus` (none: user's)."""
-    cpus = rollout_cpus(replica)
+def engine_core_env(cpus: frozenset[int] | None) -> dict[str, str]:
+    """vLLM's CPU thread binding onto the rollout's `rollout_cpus` (nothing when the user set their own)."""
     return {} if cpus is None else {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cpus)))}
 
 

@@ -160,6 +160,10 @@ class BatchSpec(base.APIModel):
     """Prompt groups per step (each group holds sampling.n trajectories)."""
     mini_batches: int = pydantic.Field(default=4, ge=1, le=4096)
     """Optimizer updates per step: the step's batch is split into this many mini-batches."""
+    micro_batch_tokens: int = pydantic.Field(default=8192, ge=64, le=16_777_216)
+    """Padded tokens per trainer rank in one forward/backward: each mini-batch is split into
+    length-sorted micro-batches of at most this size (gradients accumulate), so long-tailed responses
+    do not pad every row to the longest. Lower it when a step runs out of accelerator memory."""
 
 
 class CheckpointSpec(base.APIModel):

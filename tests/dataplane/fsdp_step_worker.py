@@ -1,9 +1,11 @@
 """Helper process for test_trainer.py (not a test): one FSDP2 training step on a fixed batch.
 
-    python fsdp_step_worker.py MODEL_DIR OUT_FILE   (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+    python fsdp_step_worker.py MODEL_DIR OUT_FILE [MICRO_BATCH_TOKENS]
+                                          (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 
 Every rank builds the FSDP2 backend on the tiny model, takes one step (two optimizer updates) on the
-same deterministic batch and, on rank 0, saves the full weights after the step to OUT_FILE.
+same deterministic batch and, on rank 0, saves the full weights after the step to OUT_FILE, with
+whether grad was enabled in each forward of the model during the step.
 """
 
 from __future__ import annotations
@@ -44,12 +46,17 @@ def batch() -> list[trajectory.Trajectory]:
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
     world = fsdp.init_world()
-    settings = backend.TrainSettings(model_path=model_dir, lr=1e-2, updates_per_step=2, correction="tis")
+    micro = int(sys.argv[3]) if len(sys.argv) > 3 else backend.TrainSettings.micro_batch_tokens
+    settings = backend.TrainSettings(
+        model_path=model_dir, lr=1e-2, updates_per_step=2, correction="tis", micro_batch_tokens=micro
+    )
     b = backend.FSDP2Backend(settings, world)
+    forwards = []
+    b.model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
     metrics = b.step(batch())
     weights = {name: t.clone() for name, t in b.full_tensors()}
     if world.is_main:
-        torch.save({"weights": weights, "metrics": metrics}, out)
+        torch.save({"weights": weights, "metrics": metrics, "forwards": forwards}, out)
     fsdp.shutdown()
 
 

@@ -47,11 +47,11 @@ def env_for(rank: int, world: int, port: int) -> dict[str, str]:
     }
 
 
-def run_fsdp_step(model: pathlib.Path, out: pathlib.Path, world: int) -> dict:
+def run_fsdp_step(model: pathlib.Path, out: pathlib.Path, world: int, micro_tokens: int = 8192) -> dict:
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "fsdp_step_worker.py"), str(model), str(out)],
+            [sys.executable, str(HERE / "fsdp_step_worker.py"), str(model), str(out), str(micro_tokens)],
             env=env_for(rank, world, port),
         )
         for rank in range(world)
@@ -72,6 +72,26 @@ def test_a_two_process_fsdp2_step_equals_the_single_process_step(tiny_model, tmp
     assert moved > 1e-3  # the step changed the weights (lr 1e-2 Adam: ~1e-2 per element)
     assert diff < 1e-4  # equal up to float reduction order
     assert one["weights"].keys() == two["weights"].keys() == before.keys()
+    # two updates: the first mini-batch's proximal is its own forward; only the second needs a no-grad pass
+    assert one["forwards"] == two["forwards"] == [False, True, True]
+
+
+def test_micro_batches_accumulate_to_the_same_step_on_one_and_two_ranks(tiny_model, tmp_path):
+    whole = run_fsdp_step(tiny_model, tmp_path / "whole.pt", 1)
+    # 24 padded tokens per rank: the batch's 6-12 token sequences go 2-3 per micro-batch per rank
+    one = run_fsdp_step(tiny_model, tmp_path / "one.pt", 1, micro_tokens=24)
+    two = run_fsdp_step(tiny_model, tmp_path / "two.pt", 2, micro_tokens=24)
+    for run in (one, two):
+        diff = max(float((run["weights"][k] - whole["weights"][k]).abs().max()) for k in whole["weights"])
+        assert diff < 1e-4  # the same gradient, summed in another order
+        assert run["metrics"]["grad_norm"] == pytest.approx(whole["metrics"]["grad_norm"], rel=1e-4)
+    for key in ("loss", "clip_fraction", "is_weight_mean", "logprob_abs_diff"):  # rank-local: one rank only
+        assert one["metrics"][key] == pytest.approx(whole["metrics"][key], rel=1e-4, abs=1e-6), key
+    # several forwards per mini-batch now (no-grad ones for the second mini-batch's proximal, then one
+    # with grad per micro-batch); two ranks split each micro-batch, so each rank's share is within budget
+    # with fewer micro-batches. Ranks with different counts would hang in FSDP2's collectives.
+    assert len(one["forwards"]) > len(two["forwards"]) > len(whole["forwards"]) == 3
+    assert one["forwards"] == sorted(one["forwards"]) and two["forwards"] == sorted(two["forwards"])
     # the global gradient norm (before clipping) is the same: each rank's loss is scaled to a global mean
     assert two["metrics"]["grad_norm"] == pytest.approx(one["metrics"]["grad_norm"], rel=1e-4)
 

@@ -63,7 +63,7 @@ def write_config(
             "trainer": {
                 "replicas": 1,
                 "gpusPerReplica": 0,
-                "batch": {"prompts": 16, "miniBatches": 2},
+                "batch": {"prompts": 16, "miniBatches": 2, "microBatchTokens": 1024},
                 "optimizer": {"lr": 1e-3},
                 "checkpoint": {"path": str(tmp / "ckpt"), "everySteps": 0},
             },

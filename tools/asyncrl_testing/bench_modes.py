@@ -68,7 +68,9 @@ def spec_for(
                     "maxInflightPrompts": args.inflight, "kvCacheOnUpdate": args.kv_cache_on_update,
                     "sampling": {"n": 8, "maxTokens": args.max_tokens, "temperature": 1.0},
                     "engine": {"maxModelLen": 512, "enforceEager": True}},
-        "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": args.prompts, "miniBatches": 2},
+        "trainer": {"replicas": 1, "gpusPerReplica": 0,
+                    "batch": {"prompts": args.prompts, "miniBatches": 2,
+                              "microBatchTokens": args.micro_batch_tokens},
                     "optimizer": {"lr": args.lr}, "checkpoint": {"path": str(ckpt), "everySteps": 0}},
         "async": {"maxStaleness": args.staleness if staleness is None and mode == "async" else staleness,
                   "syncEverySteps": args.sync_every,
@@ -411,6 +413,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=16, help="trainer batch.prompts (groups per step)")
     parser.add_argument("--staleness", type=int, default=2, help="maxStaleness of the async phase")
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=1024,
+        help="trainer batch.microBatchTokens (1024: the fastest step of the tiny model on one core)",
+    )  # fmt: skip
     parser.add_argument("--inflight", type=int, default=16, help="rollout.maxInflightPrompts of every phase")
     parser.add_argument(
         "--lr", type=float, default=1e-12,
@@ -507,7 +513,8 @@ def main() -> int:
         "pinning": pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),
         "affinity": bench.affinity,
         "settings": {"measure_s": args.measure, "warmup_s": args.warmup, "max_tokens": args.max_tokens,
-                     "n": 8, "batch_prompts": args.prompts, "max_inflight_prompts": args.inflight,
+                     "n": 8, "batch_prompts": args.prompts, "micro_batch_tokens": args.micro_batch_tokens,
+                     "max_inflight_prompts": args.inflight,
                      "async_max_staleness": args.staleness, "sync_every_steps": args.sync_every,
                      "lr": args.lr, "rollout_replicas": 1,
                      "trainer_replicas": 1, "kv_cache_on_update": args.kv_cache_on_update,

@@ -7,9 +7,12 @@ an all-zero mask, so every rank makes the same collective calls.
 
 One step (GRPO/PPO over a step's groups, as in PPO's "old policy" scheme):
   1. advantages from rewards (loss.ADVANTAGES[algorithm.name]) over the whole step;
-  2. proximal logprobs = the current policy before any update, without grad (skipped for correction none);
-  3. for each of `updates` mini-batches: forward, loss.LOSSES[algorithm.correction], backward, clip
-     the gradient norm, optimizer step - skipped (and counted) when the norm is not finite, so one
+  2. proximal logprobs = the current policy before any update: the first mini-batch's own forward,
+     detached (it trains on that policy), and one no-grad forward for each later mini-batch (none for
+     correction none) - so the usual single update per step costs one forward, not two;
+  3. for each of `updates` mini-batches: forward, loss.LOSSES[algorithm.correction] and backward over
+     its length-sorted micro-batches (``micro_batches``: gradients accumulate), clip the gradient
+     norm, optimizer step - skipped (and counted) when the norm is not finite, so one
      bad batch cannot poison the weights every rollout then receives.
 Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM) in float32,
 log_softmax(logits / temperature), matching what the rollout engine sampled from.
@@ -42,6 +45,9 @@ class TrainSettings:
     warmup_steps: int = 0
     updates_per_step: int = 1
     """Optimizer updates per step: batch.miniBatches * async.requireBatches."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens per rank in one forward/backward (batch.microBatchTokens): each mini-batch is
+    split into length-sorted micro-batches of at most this size, gradients accumulated."""
     temperature: float = 1.0
     seed: int = 0
 
@@ -72,6 +78,29 @@ class TrainerBackend(abc.ABC):
 def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=dtype)
+
+
+def micro_batches(
+    trajs: list[trajectory_mod.Trajectory], tokens_per_rank: int, world_size: int
+) -> list[list[trajectory_mod.Trajectory]]:
+    """Split a mini-batch into length-sorted micro-batches whose padded size per rank (rows per rank x
+    longest sequence) stays within ``tokens_per_rank``; a sequence longer than that gets one of its own.
+
+    Padding to the longest sequence of a long-tailed batch wastes most of a step (a 256-token tail
+    pads 80-token rows 3x); sorted micro-batches pad each row only to its neighbours, as verl's
+    dynamic batch size does. The split depends only on the batch, so every rank runs the same number
+    of forwards and backwards (FSDP2's collectives line up); each rank takes ``rank::world`` of each.
+    """
+    order = sorted(trajs, key=lambda t: len(t.prompt_ids) + len(t.response_ids), reverse=True)  # stable
+    out: list[list[trajectory_mod.Trajectory]] = []
+    for t in order:
+        if out:
+            longest = len(out[-1][0].prompt_ids) + len(out[-1][0].response_ids)  # sorted: the first row
+            if math.ceil((len(out[-1]) + 1) / world_size) * longest <= tokens_per_rank:
+                out[-1].append(t)
+                continue
+        out.append([t])
+    return out
 
 
 class FSDP2Backend(TrainerBackend):
@@ -125,6 +154,9 @@ class FSDP2Backend(TrainerBackend):
         mine = trajs[self.world.rank :: self.world.size]
         return (mine, True) if mine else ([trajs[0]], False)
 
+    def _micro(self, chunk: list[trajectory_mod.Trajectory]) -> list[list[trajectory_mod.Trajectory]]:
+        return micro_batches(chunk, self.settings.micro_batch_tokens, self.world.size)
+
     # --- the step -------------------------------------------------------------------------------
 
     def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
@@ -137,53 +169,73 @@ class FSDP2Backend(TrainerBackend):
         proximal: dict[str, torch.Tensor] = {}
         by_id = {t.id: t for t in batch}
         if s.correction != "none":
+            # The policy before this step's first update. The first chunk trains on exactly that policy,
+            # so its own forward (detached) is its proximal: only later chunks need a no-grad pass now.
             with torch.no_grad():
-                for chunk in chunks:
-                    mine, _ = self._shard(chunk)
-                    for t, row in zip(mine, self._response_logprobs(mine), strict=True):
-                        proximal[t.id] = row[: len(t.response_ids)].cpu()
-            self.logprob_gap = {  # this rank's samples: mean |trainer - engine| logprob per sample
-                tid: float((lp - torch.tensor(by_id[tid].behaviour_logprobs)).abs().mean())
-                for tid, lp in proximal.items()
-            }
+                for chunk in chunks[1:]:
+                    for micro in self._micro(chunk):
+                        mine, _ = self._shard(micro)
+                        for t, row in zip(mine, self._response_logprobs(mine), strict=True):
+                            proximal[t.id] = row[: len(t.response_ids)].cpu()
         totals: dict[str, float] = {}
-        for chunk in chunks:
-            mine, real = self._shard(chunk)
+        for index, chunk in enumerate(chunks):
             global_tokens = float(sum(sum(t.mask) for t in chunk))
-            mask = _pad([list(map(float, t.mask)) for t in mine], 0.0, torch.float32)  # (B, R)
-            if not real:
-                mask.zero_()
-            behaviour = _pad([t.behaviour_logprobs for t in mine], 0.0, torch.float32)  # (B, R)
-            prox = (
-                _pad([proximal[t.id].tolist() for t in mine], 0.0, torch.float32) if proximal else behaviour
-            )  # (B, R)
-            dev = self.world.device
-            logprobs = self._response_logprobs(mine)  # (B, R)
-            inputs = loss.LossInputs(
-                logprobs=logprobs,
-                proximal_logprobs=prox.to(dev),
-                behaviour_logprobs=behaviour.to(dev),
-                advantages=torch.tensor([adv_of[t.id] for t in mine], device=dev),
-                mask=mask.to(dev),
-                num_tokens=global_tokens,
-            )
-            value, metrics = loss.LOSSES[s.correction](inputs, s.clip)
-            # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum
-            (value * self.world.size).backward()  # type: ignore[no-untyped-call]
+            value = 0.0
+            weighted: dict[str, float] = {}  # masked-mean metrics x this rank's tokens, summed over micros
+            local_tokens = 0.0
+            for micro in self._micro(chunk):  # gradients accumulate; the loss is a sum over tokens
+                mine, real = self._shard(micro)
+                mask = _pad([list(map(float, t.mask)) for t in mine], 0.0, torch.float32)  # (B, R)
+                if not real:
+                    mask.zero_()
+                behaviour = _pad([t.behaviour_logprobs for t in mine], 0.0, torch.float32)  # (B, R)
+                dev = self.world.device
+                logprobs = self._response_logprobs(mine)  # (B, R)
+                if s.correction == "none":
+                    prox = behaviour
+                elif index == 0:
+                    prox = logprobs.detach().cpu()  # (B, R), the same padding as behaviour
+                    for t, row in zip(mine, prox, strict=True):
+                        proximal[t.id] = row[: len(t.response_ids)]
+                else:
+                    prox = _pad([proximal[t.id].tolist() for t in mine], 0.0, torch.float32)  # (B, R)
+                inputs = loss.LossInputs(
+                    logprobs=logprobs,
+                    proximal_logprobs=prox.to(dev),
+                    behaviour_logprobs=behaviour.to(dev),
+                    advantages=torch.tensor([adv_of[t.id] for t in mine], device=dev),
+                    mask=mask.to(dev),
+                    num_tokens=global_tokens,
+                )
+                part, metrics = loss.LOSSES[s.correction](inputs, s.clip)
+                # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum
+                (part * self.world.size).backward()  # type: ignore[no-untyped-call]
+                value += float(part.detach())
+                tokens = float(mask.sum())
+                with torch.no_grad():
+                    metrics["logprob_abs_diff"] = float(
+                        ((prox - behaviour).abs() * mask).sum() / mask.sum().clamp(min=1.0)
+                    )
+                for key, val in metrics.items():
+                    weighted[key] = weighted.get(key, 0.0) + val * tokens
+                local_tokens += tokens
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
             norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             if math.isfinite(norm):  # the same global norm on every rank: all skip or all step
                 self.optimizer.step()
-            metrics["skipped_updates"] = 0.0 if math.isfinite(norm) else float(len(chunks))
             self.optimizer.zero_grad(set_to_none=True)
-            metrics["loss"] = float(value.detach())
-            metrics["grad_norm"] = norm
-            with torch.no_grad():
-                diff = ((prox - behaviour).abs() * mask).sum() / mask.sum().clamp(min=1.0)
-            metrics["logprob_abs_diff"] = float(diff)
-            for key, val in metrics.items():
+            chunk_metrics = {key: val / max(local_tokens, 1.0) for key, val in weighted.items()}
+            chunk_metrics["skipped_updates"] = 0.0 if math.isfinite(norm) else float(len(chunks))
+            chunk_metrics["loss"] = value
+            chunk_metrics["grad_norm"] = norm
+            for key, val in chunk_metrics.items():
                 totals[key] = totals.get(key, 0.0) + val / len(chunks)
         self.scheduler.step()
+        if proximal:
+            self.logprob_gap = {  # this rank's samples: mean |trainer - engine| logprob per sample
+                tid: float((lp - torch.tensor(by_id[tid].behaviour_logprobs)).abs().mean())
+                for tid, lp in proximal.items()
+            }
         totals["reward_mean"] = float(rewards.mean())
         totals["samples"] = float(len(batch))
         totals["lr"] = float(self.scheduler.get_last_lr()[0])

@@ -55,6 +55,7 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
         grad_clip=opt.grad_clip,
         warmup_steps=opt.warmup_steps,
         updates_per_step=spec.trainer.batch.mini_batches * spec.async_.require_batches,
+        micro_batch_tokens=spec.trainer.batch.micro_batch_tokens,
         temperature=spec.rollout.sampling.temperature or 1.0,
     )
 

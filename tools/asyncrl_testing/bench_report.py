@@ -232,7 +232,8 @@ def render(results: pathlib.Path) -> str:
 def modes_details(res: dict[str, Any]) -> list[str]:
     ph, s, ln = res["phases"], res["settings"], res.get("response_lengths") or {}
     out = [
-        f"One rollout replica + one trainer, tiny model; n={s['n']}, batch {s['batch_prompts']} prompts, "
+        f"One rollout replica + one trainer, tiny model; n={s['n']}, batch {s['batch_prompts']} prompts "
+        f"(2 mini-batches, microBatchTokens {s.get('micro_batch_tokens', 'unset: one padded forward')}), "
         f"maxTokens {s['max_tokens']}, async maxStaleness {s.get('async_max_staleness', 2)}, "
         f"trainer lr {s.get('lr', 1e-3)}; {s['warmup_s']:.0f} s warm-up then {s['measure_s']:.0f} s "
         f"measured per phase. Pinning: {res['pinning']} (affinity seen: {res['affinity']}).",

@@ -91,6 +91,26 @@ def test_each_replica_starts_its_share_rounded_up() -> None:
     assert start_all(admission) == 2 * 3 - 3
 
 
+def test_a_share_that_shrinks_after_running_ahead_does_not_strand_the_replica() -> None:
+    # Alone, a replica ran 10 versions ahead of a trainer that then ate its backlog (8 groups each);
+    # a second replica registers: the share halves. Recounting all history at 4 per version would
+    # put the bound (10 + 3) x 4 = 52 far below the 104 started, and only stall releases (one batch
+    # per stall_release_s) would let it start again: minutes with nothing generating.
+    admission = admission_mod.Admission(2, 8, replicas=1, stall_release_s=20.0)
+    assert start_all(admission) == 24
+    for _ in range(10):
+        admission.version_loaded()
+    assert start_all(admission) == 80
+    admission.joined(plan(11, [0, 1], registered=2))
+    assert admission.per_replica() == 4
+    assert not admission.may_start()  # nothing beyond what it had started
+    admission.version_loaded()
+    assert start_all(admission) == 4  # each version now adds the new share, at once
+    admission.joined(plan(12, [0, 1], registered=2))  # the same share again changes nothing
+    admission.version_loaded()
+    assert start_all(admission) == 4
+
+
 def test_a_catch_up_plan_naming_only_late_replicas_keeps_the_share_of_all_registered() -> None:
     admission = admission_mod.Admission(0, 8, replicas=1, stall_release_s=20.0)
     admission.joined(plan(3, [2], registered=4))  # only replica 2 is late; 4 are registered

@@ -14,7 +14,8 @@ then wait for the next version; ``one-step-off`` (1) runs one batch ahead, ``asy
 The per-replica batch is this replica's share of the groups the trainer consumes per version,
 ``ceil(groupsPerVersion / replicas)``; replicas is the count the latest plan that includes this
 replica says are registered (a catch-up plan names only the late replicas as candidates but
-registers all of them), and ``replicas`` from the settings until a plan arrives.
+registers all of them), and ``replicas`` from the settings until a plan arrives. When the share
+changes, the bound is recounted at the new share but never below the groups already started.
 
 If no new version arrives for ``stall_release_s`` while admission is closed and nothing is in
 flight, one more batch is admitted (the trainer may be short of samples because a replica died;
@@ -47,6 +48,8 @@ class Admission:
         self.extra_batches = 0
         """Batches admitted by stall releases."""
         self.groups_started = 0
+        self._floor = 0
+        """Groups added to the bound when the share shrank (``joined``): never below what was started."""
         self.open = True
         """False while a ``partialRollout: false`` update waits for in-flight groups to finish."""
         self.behind = False
@@ -61,7 +64,7 @@ class Admission:
     def allowed(self) -> int:
         """Groups this replica may have started so far (AReaL's bound plus stall releases)."""
         versions = self.loaded + self.max_staleness + 1 + self.extra_batches
-        return versions * self.per_replica()
+        return self._floor + versions * self.per_replica()
 
     def may_start(self) -> bool:
         return self.open and not self.behind and self.groups_started < self.allowed()
@@ -87,8 +90,14 @@ class Admission:
         return False
 
     def joined(self, plan: base.Plan) -> None:
-        """A plan includes this replica: take the share it implies."""
+        """A plan includes this replica: take the share it implies. The bound is recounted at the new
+        share but never below the groups already started: a share that shrank (a second replica
+        registered after this one ran ahead under a trainer that ate its backlog) must not strand
+        this replica until stall releases repay the difference; from here each version adds the new
+        share."""
         self.members = plan.registered or len(plan.candidates)
+        self._floor = 0
+        self._floor = max(0, self.groups_started - self.allowed())
 
     def left_out(self, plan: base.Plan, version: int) -> bool:
         """A plan leaves this replica out while it holds ``version``: pause generation if the plan's

@@ -57,6 +57,21 @@ def kept_kv_logprobs(old: Any, new: Any, prefix: list[int], rest: list[int]) -> 
     return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(rest[1:])[:, None])[:, 0]
 
 
+# vLLM's CPU kernels and HF's eager forward differ by float32 rounding: up to ~1e-4 per token on
+# these perturbed models (a CI run once saw just over 1e-4). The policies being told apart differ
+# by more than 1e-2 (each test checks that), so 1e-3 keeps a 10x margin on both sides.
+LOGPROB_ATOL = 1e-3
+
+
+def assert_same_logprobs(got: torch.Tensor, want: torch.Tensor) -> None:
+    diff = (got - want).abs()
+    worst = int(diff.argmax())
+    print(f"logprob max diff {float(diff.max()):.2e} at token {worst} of {len(diff)}")
+    assert float(diff.max()) <= LOGPROB_ATOL, (
+        f"token {worst}: got {float(got[worst]):.6f}, want {float(want[worst]):.6f}"
+    )
+
+
 def token_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
@@ -205,8 +220,8 @@ def test_a_sample_spans_two_versions_and_its_logprobs_match_both_policies(scenar
     behaviour = torch.tensor(traj.behaviour_logprobs)
     lp0 = token_logprobs(scenario.models[0], traj.prompt_ids, traj.response_ids)
     lp1 = token_logprobs(scenario.models[1], traj.prompt_ids, traj.response_ids)
-    assert torch.allclose(behaviour[:switch], lp0[:switch], atol=1e-4)
-    assert torch.allclose(behaviour[switch:], lp1[switch:], atol=1e-4)
+    assert_same_logprobs(behaviour[:switch], lp0[:switch])
+    assert_same_logprobs(behaviour[switch:], lp1[switch:])
     # ...and the two policies really differ on these tokens (the check above can fail).
     assert (lp0[switch:] - lp1[switch:]).abs().max() > 1e-2
 
@@ -227,13 +242,13 @@ def test_keep_mode_continues_on_the_old_kv_without_recomputing(scenario: Scenari
     behaviour = torch.tensor(traj.behaviour_logprobs)
     models = scenario.models
     lp2 = token_logprobs(models[2], traj.prompt_ids, traj.response_ids)
-    assert torch.allclose(behaviour[:switch], lp2[:switch], atol=1e-4)
+    assert_same_logprobs(behaviour[:switch], lp2[:switch])
     # The step that samples token `switch` is the first under version 3: it computes the KV of
     # token switch-1; everything before keeps version 2's KV.
     seq = traj.prompt_ids + traj.response_ids
     cut = len(traj.prompt_ids) + switch - 1
     kept = kept_kv_logprobs(models[2], models[3], seq[:cut], seq[cut:])
-    assert torch.allclose(behaviour[switch:], kept, atol=1e-4)
+    assert_same_logprobs(behaviour[switch:], kept)
     # ...which is not what recompute mode samples from (so the check above can fail).
     lp3 = token_logprobs(models[3], traj.prompt_ids, traj.response_ids)
     assert (lp3[switch:] - kept).abs().max() > 1e-2
@@ -244,7 +259,7 @@ def test_keep_mode_new_requests_do_not_reuse_an_older_versions_prefix_blocks(sce
     assert set(after.versions) == {3}
     prompt = scenario.long_prompt
     lp3 = token_logprobs(scenario.models[3], prompt, after.token_ids)
-    assert torch.allclose(torch.tensor(after.logprobs), lp3, atol=1e-4)
+    assert_same_logprobs(torch.tensor(after.logprobs), lp3)
     # Had it reused version 2's cached prompt blocks, it would have sampled from this instead.
     cached = 2 * scenario.block_size
     reused = kept_kv_logprobs(

@@ -175,6 +175,33 @@ def engine_load(m0: dict[str, float], m1: dict[str, float], seconds: float) -> d
     }
 
 
+class CoreUse:
+    """Where the rollout core's time went over a window: each rollout thread's share (by process and
+    thread name), and what ran on that core outside the rollout's session (nats-server, this driver,
+    the trainer's unpinned helpers) — the phases differ in what else shares the core."""
+
+    def __init__(self, proc: Proc, core: int | None) -> None:
+        self.proc, self.core = proc, core
+        self.t0, self.threads0 = time.monotonic(), procfs.session_thread_cpu(proc.p.pid)
+        self.busy0 = procfs.core_busy_seconds(core) if core is not None else 0.0
+
+    def result(self) -> dict[str, Any]:
+        seconds = time.monotonic() - self.t0
+        threads1 = procfs.session_thread_cpu(self.proc.p.pid)
+        used = {k: v - self.threads0.get(k, 0.0) for k, v in threads1.items()}
+        total = sum(used.values())
+        out: dict[str, Any] = {
+            "session_fraction": round(total / seconds, 3),
+            "threads": {k: round(v / seconds, 3) for k, v in sorted(used.items(), key=lambda kv: -kv[1])
+                        if v / seconds >= 0.002},
+        }  # fmt: skip
+        if self.core is not None:
+            busy = procfs.core_busy_seconds(self.core) - self.busy0
+            out["core_busy_fraction"] = round(busy / seconds, 3)
+            out["core_other_fraction"] = round(max(0.0, busy - total) / seconds, 3)
+        return out
+
+
 def read_steps(path: pathlib.Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -283,9 +310,9 @@ class Bench:
         try:
             wait_until(lambda: scrape_ok(port, PRODUCED) > 0, [roll], 300, "the first produced sample")
             time.sleep(self.a.warmup)
-            m0, t0 = scrape(port, ROLLOUT), time.monotonic()
+            m0, t0, use = scrape(port, ROLLOUT), time.monotonic(), CoreUse(roll, self.rcore)
             time.sleep(self.a.measure)
-            m1, t1 = scrape(port, ROLLOUT), time.monotonic()
+            m1, t1, cpu = scrape(port, ROLLOUT), time.monotonic(), use.result()
             self.affinity[f"{job}-rollout"] = roll.affinity()
         finally:
             roll.stop()
@@ -298,6 +325,7 @@ class Bench:
             "tokens_per_s": round((m1[TOKENS] - m0[TOKENS]) / (t1 - t0), 1),
             "prefill_for_b": int(m1[PRODUCED]),
             **engine_load(m0, m1, t1 - t0),
+            "rollout_cpu": cpu,
         }
 
     def trainer_only(self, job: str = "modes-ab") -> dict[str, Any]:
@@ -339,11 +367,11 @@ class Bench:
             wait_until(lambda: len(read_steps(log)) >= 1, [tr, roll], 400, "the trainer's first step")
             start = read_steps(log)[0]["time"] + self.a.warmup
             wait_until(lambda: time.time() >= start, [tr, roll], self.a.warmup + 5, "warm-up")
-            m0 = scrape(rport, ROLLOUT)
+            m0, use = scrape(rport, ROLLOUT), CoreUse(roll, self.rcore)
             wait_until(
                 lambda: time.time() >= start + self.a.measure, [tr, roll], self.a.measure + 5, "window"
             )
-            m1 = scrape(rport, ROLLOUT)
+            m1, cpu = scrape(rport, ROLLOUT), use.result()
             self.affinity[f"{mode}-rollout"], self.affinity[f"{mode}-trainer"] = (
                 roll.affinity(),
                 tr.affinity(),
@@ -362,6 +390,7 @@ class Bench:
         out["pauses"] = int(pauses)
         out["pause_s_mean"] = round((m1[PAUSE_SUM] - m0[PAUSE_SUM]) / pauses, 4) if pauses else None
         out.update(engine_load(m0, m1, self.a.measure))
+        out["rollout_cpu"] = cpu
         return out
 
 

@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 TOOLS = "tools/asyncrl_testing"
 # name -> (script and its arguments, the script's option for a JSON output file)
 SCRIPTS: dict[str, tuple[list[str], str]] = {
-    "modes": ([f"{TOOLS}/bench_modes.py", "--measure", "45", "--rounds", "5"], "--json"),
+    "modes": ([f"{TOOLS}/bench_modes.py", "--measure", "45", "--rounds", "7"], "--json"),
     "modes-keep": (
         [
             f"{TOOLS}/bench_modes.py",
@@ -229,6 +229,22 @@ def render(results: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
+THREAD_LABELS = {
+    "VLLM::Worker/VLLM::Worker": "model runner",
+    "VLLM::EngineCor/VLLM::EngineCor": "vLLM scheduler",
+    "python/python": "rollout process (asyncio, detokenize, publish, weight-sync control)",
+}
+
+
+def core_use(cpu: dict[str, Any]) -> str:
+    """The rollout core's time by thread, as fractions of the window (``bench_modes.CoreUse``)."""
+    top = list(cpu.get("threads", {}).items())[:4]
+    parts = [f"{THREAD_LABELS.get(name, name)} {share:.1%}" for name, share in top]
+    if "core_other_fraction" in cpu:
+        parts.append(f"outside the rollout on its core {cpu['core_other_fraction']:.1%}")
+    return "rollout core: " + ", ".join(parts)
+
+
 def modes_details(res: dict[str, Any]) -> list[str]:
     ph, s, ln = res["phases"], res["settings"], res.get("response_lengths") or {}
     out = [
@@ -262,7 +278,9 @@ def modes_details(res: dict[str, Any]) -> list[str]:
                  (f"round {i}: (c{i}) async, consumed — P1 {r['p1']} (bound {r['bound']})", r["async"]),
                  (f"round {i}: (a{i + 1}) rollout-only, produced", r["rollout_only_next"])]  # fmt: skip
     for label, phase in rows:
-        detail = ", ".join(f"{k} {v}" for k, v in phase.items() if k != "per_s")
+        detail = ", ".join(f"{k} {v}" for k, v in phase.items() if k not in ("per_s", "rollout_cpu"))
+        if phase.get("rollout_cpu"):
+            detail += "; " + core_use(phase["rollout_cpu"])
         out.append(f"| {label} | {phase['per_s']} | {detail} |")
     return out
 
@@ -272,7 +290,7 @@ def main() -> int:
     parser.add_argument("--run", nargs="*", default=[], choices=list(SCRIPTS), help="benchmarks to run first")
     parser.add_argument("--results", type=pathlib.Path, default=pathlib.Path("/tmp/asyncrl-bench"))
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "BENCHMARKS.md")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per benchmark")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per benchmark")
     parser.add_argument("--note", action="append", default=[], help="a line for the Notes section")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)

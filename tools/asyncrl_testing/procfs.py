@@ -21,3 +21,36 @@ def cmdline(pid: int | str, limit: int = 120) -> str:
     """The process's command line, arguments space-separated, cut at ``limit`` characters."""
     raw = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
     return raw.replace(b"\0", b" ").decode(errors="replace")[:limit]
+
+
+def comm(path: pathlib.Path) -> str:
+    """The name in ``path/stat`` (a process's or a thread's, between the parentheses)."""
+    text = (path / "stat").read_text()
+    return text[text.index("(") + 1 : text.rindex(")")]
+
+
+def session_thread_cpu(session: int) -> dict[str, float]:
+    """CPU seconds of every thread of every process in session ``session``, summed by
+    "process name/thread name" (a pool's threads share a name, so they add up)."""
+    out: dict[str, float] = {}
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or int(stat_fields(proc.name)[3]) != session:
+                continue
+            pname = comm(proc)
+            for task in (proc / "task").iterdir():
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                key = f"{pname}/{comm(task)}"
+                out[key] = out.get(key, 0.0) + cpu_seconds(0, fields)
+        except (OSError, ValueError, IndexError):
+            continue  # a process or thread that ended while we read
+    return out
+
+
+def core_busy_seconds(core: int) -> float:
+    """Non-idle time of one CPU since boot (/proc/stat: all but idle and iowait)."""
+    for line in pathlib.Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{core} "):
+            ticks = [int(x) for x in line.split()[1:]]
+            return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    raise ValueError(f"no cpu{core} in /proc/stat")

@@ -1,0 +1,46 @@
+"""procfs: how the modes benchmark attributes the rollout core's time (per session, per thread)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from asyncrl_testing import procfs
+
+SPIN = "import sys, time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\nsys.stdin.read()"
+
+
+def child(seconds: float) -> subprocess.Popen[bytes]:
+    """A process in its own session that spins ``seconds`` and then waits for its stdin to close."""
+    return subprocess.Popen(
+        [sys.executable, "-c", SPIN.format(s=seconds)], stdin=subprocess.PIPE, start_new_session=True
+    )
+
+
+def test_session_cpu_counts_only_that_sessions_threads() -> None:
+    busy, idle = child(0.6), child(0.0)
+    try:
+        time.sleep(1.2)  # both are alive (reading stdin); the busy one has spun
+        spent = procfs.session_thread_cpu(busy.pid)
+        quiet = procfs.session_thread_cpu(idle.pid)
+    finally:
+        for p in (busy, idle):
+            p.communicate(b"")
+    assert sum(spent.values()) >= 0.4, spent
+    assert sum(quiet.values()) < 0.3, quiet  # interpreter start-up only, none of the spin
+    assert all(key.count("/") == 1 for key in spent), spent  # "process/thread"
+    assert procfs.session_thread_cpu(busy.pid) == {}  # the session is gone
+
+
+def test_core_busy_seconds_grows_while_a_pinned_process_spins() -> None:
+    core = min(os.sched_getaffinity(0))
+    before = procfs.core_busy_seconds(core)
+    p = subprocess.Popen(
+        [sys.executable, "-c", SPIN.format(s=0.5)],
+        stdin=subprocess.PIPE,
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )
+    p.communicate(b"")
+    assert procfs.core_busy_seconds(core) - before >= 0.4

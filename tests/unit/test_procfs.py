@@ -44,3 +44,18 @@ def test_core_busy_seconds_grows_while_a_pinned_process_spins() -> None:
     )
     p.communicate(b"")
     assert procfs.core_busy_seconds(core) - before >= 0.4
+
+
+def test_thread_affinity_reads_back_a_pinned_processs_mask() -> None:
+    core = max(os.sched_getaffinity(0))
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )
+    try:
+        pinned = procfs.thread_affinity(p.pid)
+    finally:
+        p.communicate(b"")
+    assert pinned == [str(core)]
+    assert len(procfs.thread_affinity(os.getpid())) >= 1

@@ -23,8 +23,11 @@ the lengths drift during (c) and (d) and samples/s stops comparing like with lik
 reload and KV recompute still runs. ``--lr 1e-3`` measures a learning run.
 P1 = c / min(a, b) (goal >= 0.95), P2 = c / d.
 Pinning: the rollout's process group on ``--rollout-core`` (sched_setaffinity before exec, and vLLM's own
-VLLM_CPU_OMP_THREADS_BIND set to that core), the trainer on ``--trainer-core``; nats-server and this
-driver are not pinned. The affinity of every thread of each process group is read back from /proc and
+VLLM_CPU_OMP_THREADS_BIND set to that core), the trainer on ``--trainer-core``, and this driver and
+the nats-server it starts on the trainer's core too: the rollout core runs the rollout alone in every
+phase (on a cluster the bus is another pod). Unpinned, processes outside the rollout took 7% of the
+rollout core in one async phase (0.2-0.9% in the others; nats-server and this driver are what runs).
+The affinity of every thread of each process group is read back from /proc and
 reported; if it does not match (or the cores do not exist) the output says pinning was not applied.
 Response lengths: the tiny model is randomly initialised (near-uniform logits over ~100 character
 tokens), so every token ends the response with p ~ 1/100: lengths are geometric (long-tailed), cut at
@@ -498,9 +501,12 @@ def main() -> int:
         from asyncrl_workloads.local import natsserver
 
         model = tinymodel.create_tiny_model(work / "model", seed=0)
+        if pin:  # before nats-server starts: it and its threads inherit the mask
+            os.sched_setaffinity(0, {args.trainer_core})
         t_begin = time.monotonic()
         with natsserver.start(store_dir=work / "nats", log_path=work / "nats.log") as server:
             bench = Bench(args, work, model, server.url, pin)
+            bench.affinity["nats-server (trainer core)"] = procfs.thread_affinity(server.child.pid)
             phases: dict[str, Any] = {}
             wanted = args.phases.split(",")
             lengths: dict[str, Any] = {}

@@ -54,3 +54,16 @@ def core_busy_seconds(core: int) -> float:
             ticks = [int(x) for x in line.split()[1:]]
             return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
     raise ValueError(f"no cpu{core} in /proc/stat")
+
+
+def thread_affinity(pid: int | str) -> list[str]:
+    """The distinct Cpus_allowed_list values of a process's threads (one entry when all agree)."""
+    seen: set[str] = set()
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    seen.add(line.split()[1])
+        except OSError:
+            continue
+    return sorted(seen)

@@ -301,6 +301,8 @@ class Bench:
         self.rcore = args.rollout_core if pin else None
         self.tcore = args.trainer_core if pin else None
         self.affinity: dict[str, list[str]] = {}
+        self.lengths: dict[str, Any] = {}
+        """Response lengths sampled from the first rollout-only stream before anything consumed it."""
 
     def config(self, job: str, mode: str, staleness: int | None) -> pathlib.Path:
         spec = spec_for(self.model, self.work / f"ckpt-{job}-{mode}", mode, staleness, self.a)
@@ -404,6 +406,7 @@ def run_rounds(bench: Bench, count: int) -> list[dict[str, Any]]:
     and a median over rounds compare like with like where one long run of each phase does not.
     Every phase has its own job (stream, step log)."""
     a = [bench.rollout_only("modes-r0-a")]
+    bench.lengths = sample_lengths(bench.url, "modes-r0-a")  # before (b0) acks (deletes) most of it
     print("a0", json.dumps(a[0]), flush=True)
     rounds = []
     for i in range(count):
@@ -513,7 +516,7 @@ def main() -> int:
             rounds: list[dict[str, Any]] = []
             if args.rounds > 1:
                 rounds = run_rounds(bench, args.rounds)
-                lengths = sample_lengths(server.url, "modes-r0-a")
+                lengths = bench.lengths
                 wanted = [p for p in wanted if p == "sync"]
             elif "rollout_only" in wanted:
                 phases["rollout_only"] = bench.rollout_only()

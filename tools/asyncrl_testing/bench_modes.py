@@ -26,7 +26,7 @@ Pinning: the rollout's process group on ``--rollout-core`` (sched_setaffinity be
 VLLM_CPU_OMP_THREADS_BIND set to that core), the trainer on ``--trainer-core``, and this driver and
 the nats-server it starts on the trainer's core too: the rollout core runs the rollout alone in every
 phase (on a cluster the bus is another pod). Unpinned, processes outside the rollout took 7% of the
-rollout core in one async phase (0.2-0.9% in the others; nats-server and this driver are what runs).
+rollout core in one async phase (0.2-0.9% in the others; what took it was not identified).
 The affinity of every thread of each process group is read back from /proc and
 reported; if it does not match (or the cores do not exist) the output says pinning was not applied.
 Response lengths: the tiny model is randomly initialised (near-uniform logits over ~100 character

@@ -130,12 +130,8 @@ class Proc:
         seen: set[str] = set()
         for proc in pathlib.Path("/proc").iterdir():
             try:
-                if not proc.name.isdigit() or int(procfs.stat_fields(proc.name)[3]) != self.p.pid:
-                    continue
-                for task in (proc / "task").iterdir():
-                    for line in (task / "status").read_text().splitlines():
-                        if line.startswith("Cpus_allowed_list:"):
-                            seen.add(line.split()[1])
+                if proc.name.isdigit() and int(procfs.stat_fields(proc.name)[3]) == self.p.pid:
+                    seen.update(procfs.thread_affinity(proc.name))
             except (OSError, ValueError, IndexError):
                 continue
         return sorted(seen)

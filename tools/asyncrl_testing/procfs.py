@@ -23,10 +23,11 @@ def cmdline(pid: int | str, limit: int = 120) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace")[:limit]
 
 
-def comm(path: pathlib.Path) -> str:
-    """The name in ``path/stat`` (a process's or a thread's, between the parentheses)."""
-    text = (path / "stat").read_text()
-    return text[text.index("(") + 1 : text.rindex(")")]
+def _name_and_fields(stat: pathlib.Path) -> tuple[str, list[str]]:
+    """A process's or thread's stat file, read once: its name (between the parentheses) and the
+    fields after it (as ``stat_fields``)."""
+    text = stat.read_text()
+    return text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1].split()
 
 
 def session_thread_cpu(session: int) -> dict[str, float]:
@@ -35,13 +36,15 @@ def session_thread_cpu(session: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for proc in pathlib.Path("/proc").iterdir():
         try:
-            if not proc.name.isdigit() or int(stat_fields(proc.name)[3]) != session:
+            if not proc.name.isdigit():
                 continue
-            pname = comm(proc)
+            pname, fields = _name_and_fields(proc / "stat")
+            if int(fields[3]) != session:
+                continue
             for task in (proc / "task").iterdir():
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                key = f"{pname}/{comm(task)}"
-                out[key] = out.get(key, 0.0) + cpu_seconds(0, fields)
+                tname, tfields = _name_and_fields(task / "stat")
+                key = f"{pname}/{tname}"
+                out[key] = out.get(key, 0.0) + cpu_seconds(task.name, tfields)
         except (OSError, ValueError, IndexError):
             continue  # a process or thread that ended while we read
     return out

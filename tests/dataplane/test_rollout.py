@@ -246,3 +246,37 @@ async def stream_messages(url: str, at_least: int, timeout: float) -> int:
         raise AssertionError(f"fewer than {at_least} messages on the stream after {timeout:.0f} s")
     finally:
         await nc.close()
+
+
+def session_processes(session: int) -> dict[int, str]:
+    """pid -> name of every process in ``session`` (from /proc): the rollout and vLLM's children,
+    which stay in the session even when orphaned."""
+    out = {}
+    for proc in pathlib.Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if proc.name.isdigit():
+                text = (proc / "stat").read_text()
+                if int(text.rsplit(")", 1)[1].split()[3]) == session:
+                    out[int(proc.name)] = text[text.index("(") + 1 : text.rindex(")")]
+    return out
+
+
+def test_vllm_engine_processes_die_with_a_sigkilled_rollout(tmp_path, nats_server, tiny_model) -> None:
+    """SIGKILL the rollout process alone, not its group (an OOM kill, or PR_SET_PDEATHSIG when the
+    local runner died): vLLM's EngineCore and worker follow it (rollout/vllm_plugin.py) instead of
+    living on as orphans."""
+    rollout = Rollout(tmp_path, job_config(tiny_model, nats_server.url))
+    session = rollout.proc.pid
+    try:
+        asyncio.run(stream_messages(nats_server.url, at_least=N, timeout=180))  # the engine is generating
+        engine = {p: n for p, n in session_processes(session).items() if n.startswith("VLLM::")}
+        assert any(n.startswith("VLLM::EngineCor") for n in engine.values()), engine
+        assert any(n.startswith("VLLM::Worker") for n in engine.values()), engine
+        os.kill(rollout.proc.pid, signal.SIGKILL)
+        rollout.proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while (left := session_processes(session)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"outlived the rollout by 30 s: {left}"
+    finally:
+        rollout.kill_group()

@@ -12,6 +12,7 @@ It imports vLLM, so import it only after the config has been parsed.
   ``CompletionOutput.weight_versions`` (spans over output-token indexes): the engine core stamps
   each step's output with the version set by ``finish_weight_update(weight_version=...)``, and
   versions only change while generation is paused.
+- vLLM's engine processes die with the process that started the engine (``vllm_plugin``).
 - Per-request seeds (one per group, from the worker) on CPU need unchunked prefills: see
   ``_unchunked_on_cpu``.
 - The front end does only what a rollout needs: requests are not detokenized step by step (vLLM
@@ -28,6 +29,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
@@ -40,6 +42,7 @@ from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from asyncrl_workloads.rollout import vllm_plugin
 from asyncrl_workloads.weightsync import base, nccl
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,10 @@ class RolloutEngine:
     async def start(cls, settings: EngineSettings) -> RolloutEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if threading.current_thread() is threading.main_thread():  # see vllm_plugin: no orphan engines
+            os.environ[vllm_plugin.PARENT_ENV] = str(os.getpid())
+        else:  # a thread that may end before the engine: PDEATHSIG would kill a healthy engine
+            os.environ.pop(vllm_plugin.PARENT_ENV, None)
         args = AsyncEngineArgs(
             model=settings.model,
             dtype=settings.dtype,  # type: ignore[arg-type]

@@ -1,0 +1,44 @@
+"""A vLLM general plugin: the engine's processes die with the rollout that started them.
+
+vLLM's front end (the rollout process) spawns the EngineCore process, which spawns the model-runner
+worker(s). Neither watches its parent: when the rollout main was SIGKILLed alone (by the kernel's
+PR_SET_PDEATHSIG when the local runner or a benchmark driver died, by an OOM kill, by hand), its
+``VLLM::EngineCore`` and ``VLLM::Worker`` lived on as orphans - one spun at 40% of a core for 50
+minutes on the benchmark machine. In a pod the container runtime reaps them with the pod; outside
+one nothing did.
+
+vLLM runs every ``vllm.general_plugins`` entry point once in each of its processes
+(``vllm.plugins.load_general_plugins``: the front end, EngineCore.__init__ before it starts its
+workers, each worker), and on CPU it spawns them (fresh interpreters, so they load plugins again).
+``RolloutEngine.start`` sets ``ASYNCRL_ENGINE_PARENT`` to the rollout's pid before it starts the
+engine; a process that inherits the variable with a pid other than its own is a vLLM child, and
+asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG), then names itself as the
+parent its own children must outlive. If the parent already died before that (the race between
+spawn and the plugin), the process ends itself at once.
+
+PR_SET_PDEATHSIG follows the parent *thread* that spawned the child: ``RolloutEngine.start`` sets the
+variable only when called on the main thread (the rollout's ``asyncio.run``), and vLLM's EngineCore
+starts its workers from its main thread. Linux only; elsewhere the plugin does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PARENT_ENV = "ASYNCRL_ENGINE_PARENT"
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """The entry point vLLM calls (``[project.entry-points."vllm.general_plugins"]``)."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit() or int(parent) == os.getpid() or not sys.platform.startswith("linux"):
+        return  # not started by an asyncrl rollout, or the rollout process itself
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        return  # the kernel refused: nothing else to do (the pod still reaps it)
+    if os.getppid() != int(parent):
+        os.kill(os.getpid(), signal.SIGKILL)  # the parent died before we asked: an orphan already
+    os.environ[PARENT_ENV] = str(os.getpid())

@@ -1,5 +1,6 @@
 """rollout/vllm_plugin.py on real processes (no vLLM): a child that ran the plugin dies with its parent.
 
+The children are spawned with ``multiprocessing`` (as vLLM spawns its EngineCore and workers on CPU).
 The end-to-end proof with vLLM's own processes is tests/dataplane/test_rollout.py
 (test_vllm_engine_processes_die_with_a_sigkilled_rollout).
 """
@@ -7,6 +8,7 @@ The end-to-end proof with vLLM's own processes is tests/dataplane/test_rollout.p
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -17,29 +19,48 @@ from asyncrl_workloads.rollout import vllm_plugin
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 
-# The "engine core": runs the plugin as vLLM would, prints the parent it will name to its own children.
-CHILD = (
-    "import os, time; from asyncrl_workloads.rollout import vllm_plugin as p; p.die_with_parent(); "
-    "print(os.environ.get(p.PARENT_ENV), flush=True); time.sleep(60)"
-)
-# The "rollout": names itself the engine's parent, starts the child, prints its pid, waits.
-PARENT = (
-    "import os, subprocess, sys, time; os.environ[{env!r}] = {parent}; "
-    "c = subprocess.Popen([sys.executable, '-c', {child!r}]); print(c.pid, flush=True); time.sleep(60)"
-)
+# The "engine core": runs the plugin as vLLM would (after ``delay`` s), reports what it ended up with.
+CHILD = """
+import ctypes, os, time
+from asyncrl_workloads.rollout import vllm_plugin as p
+
+def main(delay):
+    time.sleep(delay)
+    p.die_with_parent()
+    sig = ctypes.c_int()
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+    print(sig.value, os.environ.get(p.PARENT_ENV), flush=True)
+    time.sleep(60)
+"""
+# The "rollout": names ``parent`` as the engine's parent, spawns the child, prints its pid; then waits,
+# or (``leave``) exits at once without joining it.
+PARENT = """
+import multiprocessing, os, sys, time
+sys.path.insert(0, {tmp!r})
+import engine_child
+if __name__ == "__main__":
+    os.environ[{env!r}] = {parent}
+    child = multiprocessing.get_context("spawn").Process(target=engine_child.main, args=({delay},))
+    child.start()
+    print(child.pid, flush=True)
+    os._exit(0) if {leave} else time.sleep(60)
+"""
 
 
 def alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
 
 
-def start(parent_pid_expr: str) -> tuple[subprocess.Popen[str], int]:
-    code = PARENT.format(env=vllm_plugin.PARENT_ENV, parent=parent_pid_expr, child=CHILD)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def start(
+    tmp: pathlib.Path, parent: str, delay: float = 0.0, leave: bool = False
+) -> tuple[subprocess.Popen[str], int]:
+    (tmp / "engine_child.py").write_text(CHILD)
+    code = PARENT.format(tmp=str(tmp), env=vllm_plugin.PARENT_ENV, parent=parent, delay=delay, leave=leave)
+    (tmp / "parent.py").write_text(code)
+    proc = subprocess.Popen([sys.executable, str(tmp / "parent.py")], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
 
@@ -51,38 +72,40 @@ def wait_gone(pid: int, timeout: float = 10) -> bool:
     return not alive(pid)
 
 
-def test_a_child_that_ran_the_plugin_dies_with_its_parent_and_names_itself_parent() -> None:
-    proc, child = start("str(os.getpid())")
+def cleanup(proc: subprocess.Popen[str], child: int) -> None:
+    proc.kill()
+    proc.wait()
+    if alive(child):
+        os.kill(child, signal.SIGKILL)
+
+
+def test_an_engine_child_dies_with_its_parent_and_names_itself_parent_of_its_own(tmp_path) -> None:
+    proc, child = start(tmp_path, "str(os.getpid())")
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == str(child)  # its own children will follow it
-        assert alive(child)
+        assert proc.stdout.readline().split() == [str(int(signal.SIGKILL)), str(child)]
         proc.kill()
         proc.wait()
         assert wait_gone(child), "the child outlived its SIGKILLed parent"
     finally:
-        proc.kill()
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+        cleanup(proc, child)
 
 
-def test_a_child_whose_parent_is_already_gone_ends_itself() -> None:
-    # The variable names a pid that is not the child's parent: as if the parent died before the plugin ran.
-    proc, child = start("'1'")
+def test_an_engine_child_whose_parent_is_already_gone_ends_itself(tmp_path) -> None:
+    proc, child = start(tmp_path, "str(os.getpid())", delay=1.0, leave=True)  # gone before the plugin runs
     try:
         assert wait_gone(child), "the orphan did not end itself"
     finally:
-        proc.kill()
-        proc.wait()
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+        cleanup(proc, child)
 
 
-def test_without_the_variable_nothing_changes() -> None:
-    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.PARENT_ENV}
-    code = (
-        "import ctypes, os; from asyncrl_workloads.rollout import vllm_plugin as p; p.die_with_parent(); "
-        "sig = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(sig)); print(sig.value, os.getpid())"
-    )  # prctl(PR_GET_PDEATHSIG)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[0] == "0"
+def test_a_process_that_only_inherited_the_variable_is_left_alone(tmp_path) -> None:
+    # The variable names the test runner: the spawned child's parent is another process, so it is no
+    # engine of that rollout (a trainer started from a shell that once ran an engine, say).
+    proc, child = start(tmp_path, repr(str(os.getpid())))
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().split() == ["0", str(os.getpid())]
+        assert alive(child)
+    finally:
+        cleanup(proc, child)

@@ -125,7 +125,10 @@ class RolloutEngine:
             weight_transfer_config=WeightTransferConfig(backend=settings.backend),
             **_unchunked_on_cpu({"disable_log_stats": True, **dict(settings.extra)}, settings.max_model_len),
         )
-        llm = AsyncLLM.from_engine_args(args)
+        try:
+            llm = AsyncLLM.from_engine_args(args)
+        finally:  # the engine core has inherited it; processes started later must not
+            os.environ.pop(vllm_plugin.PARENT_ENV, None)
         engine = cls(llm, settings)
         await llm.update_weight_version("0")
         return engine

@@ -10,11 +10,12 @@ one nothing did.
 vLLM runs every ``vllm.general_plugins`` entry point once in each of its processes
 (``vllm.plugins.load_general_plugins``: the front end, EngineCore.__init__ before it starts its
 workers, each worker), and on CPU it spawns them (fresh interpreters, so they load plugins again).
-``RolloutEngine.start`` sets ``ASYNCRL_ENGINE_PARENT`` to the rollout's pid before it starts the
-engine; a process that inherits the variable with a pid other than its own is a vLLM child, and
-asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG), then names itself as the
-parent its own children must outlive. If the parent already died before that (the race between
-spawn and the plugin), the process ends itself at once.
+``RolloutEngine.start`` sets ``ASYNCRL_ENGINE_PARENT`` to the rollout's pid while it starts the
+engine. A process spawned by ``multiprocessing`` from exactly that pid is a vLLM child: it asks the
+kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG), then names itself as the parent its own
+children (the workers) must not outlive. If the parent already died before that (the race between
+spawn and the plugin), the process ends itself at once. Any other process that merely inherited the
+variable (the rollout itself, a trainer or test started later from the same shell) is left alone.
 
 PR_SET_PDEATHSIG follows the parent *thread* that spawned the child: ``RolloutEngine.start`` sets the
 variable only when called on the main thread (the rollout's ``asyncio.run``), and vLLM's EngineCore
@@ -24,6 +25,7 @@ starts its workers from its main thread. Linux only; elsewhere the plugin does n
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import sys
@@ -35,8 +37,11 @@ PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """The entry point vLLM calls (``[project.entry-points."vllm.general_plugins"]``)."""
     parent = os.environ.get(PARENT_ENV, "")
-    if not parent.isdigit() or int(parent) == os.getpid() or not sys.platform.startswith("linux"):
-        return  # not started by an asyncrl rollout, or the rollout process itself
+    spawner = multiprocessing.parent_process()
+    if not parent.isdigit() or spawner is None or spawner.pid != int(parent):
+        return  # not an engine process of an asyncrl rollout
+    if not sys.platform.startswith("linux"):
+        return
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
         return  # the kernel refused: nothing else to do (the pod still reaps it)
     if os.getppid() != int(parent):

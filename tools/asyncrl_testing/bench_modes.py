@@ -15,7 +15,8 @@ job.json``, identity from env) against one embedded nats-server, in four phases:
     The window ends when the queue runs dry, so the pre-fill bounds how many steps are measured.
 (c) async (maxStaleness 2) and (d) sync (maxStaleness 0): both processes; consumed/s from the step log.
 With ``--rounds K`` (K > 1): (a) (b) (c) K times, then (a) again, then (d); P1 is the median of the
-rounds' c_i / min(mean(a_i, a_i+1), b_i), P2 = median c / d (see ``run_rounds``).
+rounds' c_i / min(mean(a_i, a_i+1), b_i), P2 = median c / d (see ``run_rounds``). ``--compare-kv keep``
+adds (k_i) after each (c_i): async with the other kvCacheOnUpdate, against the same bound.
 
 Everything else is the same spec in every phase. The trainer's lr defaults to 1e-12: the policy is
 held still, so every phase samples the same (long-tailed) length distribution — with a learning policy
@@ -63,12 +64,17 @@ NS = "bench"
 
 
 def spec_for(
-    model: pathlib.Path, ckpt: pathlib.Path, mode: str, staleness: int | None, args: argparse.Namespace
+    model: pathlib.Path,
+    ckpt: pathlib.Path,
+    mode: str,
+    staleness: int | None,
+    args: argparse.Namespace,
+    kv: str = "",
 ) -> dict[str, Any]:
     return jobs.deep_merge(jobs.BASE_SPEC, {
         "model": {"path": str(model)}, "mode": mode,
         "rollout": {"replicas": 1, "gpusPerReplica": 0, "partialRollout": True,
-                    "maxInflightPrompts": args.inflight, "kvCacheOnUpdate": args.kv_cache_on_update,
+                    "maxInflightPrompts": args.inflight, "kvCacheOnUpdate": kv or args.kv_cache_on_update,
                     "sampling": {"n": 8, "maxTokens": args.max_tokens, "temperature": 1.0},
                     "engine": {"maxModelLen": 512, "enforceEager": True}},
         "trainer": {"replicas": 1, "gpusPerReplica": 0,
@@ -300,8 +306,8 @@ class Bench:
         self.lengths: dict[str, Any] = {}
         """Response lengths sampled from the first rollout-only stream before anything consumed it."""
 
-    def config(self, job: str, mode: str, staleness: int | None) -> pathlib.Path:
-        spec = spec_for(self.model, self.work / f"ckpt-{job}-{mode}", mode, staleness, self.a)
+    def config(self, job: str, mode: str, staleness: int | None, kv: str = "") -> pathlib.Path:
+        spec = spec_for(self.model, self.work / f"ckpt-{job}-{mode}", mode, staleness, self.a, kv)
         return write_config(self.work, job, spec, self.url)
 
     def rollout_only(self, job: str = "modes-ab") -> dict[str, Any]:
@@ -356,13 +362,15 @@ class Bench:
         out["queue_ran_dry"] = dry
         return out
 
-    def joint(self, mode: str, job: str = "") -> dict[str, Any]:
+    def joint(self, mode: str, job: str = "", kv: str = "") -> dict[str, Any]:
+        """Phase (c) or (d); ``kv`` overrides --kv-cache-on-update (the side-by-side phase (k))."""
         job = job or f"modes-{mode}"
-        cfg, tport, rport = self.config(job, mode, None), self.port(), self.port()
+        cfg, tport, rport = self.config(job, mode, None, kv), self.port(), self.port()
         log = self.work / f"{job}-steps.jsonl"
-        tr = Proc(f"{mode}-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
+        name = f"{mode}-{kv}" if kv else mode
+        tr = Proc(f"{name}-trainer", "asyncrl_workloads.entrypoints.trainer", cfg, self.work,
                   trainer_env(self.work, job, tport), self.tcore)  # fmt: skip
-        roll = Proc(f"{mode}-rollout", self.a.rollout_module, cfg, self.work,
+        roll = Proc(f"{name}-rollout", self.a.rollout_module, cfg, self.work,
                     rollout_env(rport), self.rcore)  # fmt: skip
         try:
             wait_until(lambda: len(read_steps(log)) >= 1, [tr, roll], 400, "the trainer's first step")
@@ -373,7 +381,7 @@ class Bench:
                 lambda: time.time() >= start + self.a.measure, [tr, roll], self.a.measure + 5, "window"
             )
             m1, cpu = scrape(rport, ROLLOUT), use.result()
-            self.affinity[f"{mode}-rollout"], self.affinity[f"{mode}-trainer"] = (
+            self.affinity[f"{name}-rollout"], self.affinity[f"{name}-trainer"] = (
                 roll.affinity(),
                 tr.affinity(),
             )
@@ -398,6 +406,8 @@ class Bench:
 def run_rounds(bench: Bench, count: int) -> list[dict[str, Any]]:
     """(a_i) (b_i) (c_i) for each round, then one more (a): P1_i = c_i / min(mean(a_i, a_i+1), b_i).
 
+    With ``--compare-kv K`` each round also runs (k_i): async again with ``kvCacheOnUpdate: K``,
+    right after (c_i) and against the same bound, so the two KV policies meet the same drift.
     This machine's speed drifts by 10-20% within minutes (a shared host): phases run back to back
     and a median over rounds compare like with like where one long run of each phase does not.
     Every phase has its own job (stream, step log)."""
@@ -410,12 +420,19 @@ def run_rounds(bench: Bench, count: int) -> list[dict[str, Any]]:
         print(f"b{i}", json.dumps(b), flush=True)
         c = bench.joint("async", f"modes-r{i}-async")
         print(f"c{i}", json.dumps(c), flush=True)
+        alt = bench.a.compare_kv
+        k = bench.joint("async", f"modes-r{i}-async-{alt}", kv=alt) if alt else None
+        if k:
+            print(f"k{i}", json.dumps(k), flush=True)
         a.append(bench.rollout_only(f"modes-r{i + 1}-a"))
         print(f"a{i + 1}", json.dumps(a[-1]), flush=True)
         bound = min(statistics.mean([a[i]["per_s"], a[i + 1]["per_s"]]), b["per_s"])
         rounds.append({"rollout_only": a[i], "rollout_only_next": a[i + 1], "trainer_only": b, "async": c,
                        "bound": round(bound, 2), "p1": round(c["per_s"] / bound, 3)})  # fmt: skip
-        print(f"round {i}: P1 {rounds[-1]['p1']}", flush=True)
+        if k:
+            rounds[-1].update({"async_alt": k, "p1_alt": round(k["per_s"] / bound, 3),
+                               "alt_over_async": round(k["per_s"] / c["per_s"], 3)})  # fmt: skip
+        print(f"round {i}: P1 {rounds[-1]['p1']} {alt or ''} {rounds[-1].get('p1_alt', '')}", flush=True)
     return rounds
 
 
@@ -456,6 +473,10 @@ def main() -> int:
     parser.add_argument(
         "--kv-cache-on-update", choices=("recompute", "keep"), default="recompute",
         help="rollout.kvCacheOnUpdate of every phase",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare-kv", choices=("recompute", "keep"),
+        help="with --rounds > 1: also run async with this kvCacheOnUpdate in every round (phase k)",
     )  # fmt: skip
     parser.add_argument(
         "--sync-every", type=int, default=1,
@@ -533,13 +554,19 @@ def main() -> int:
     a = statistics.mean([a, a2]) if a and a2 else a
     bound = min(a, b) if a and b else None
     p1 = round(c / bound, 3) if c and bound else None
+    alt: dict[str, Any] = {}
     if rounds:  # the median round; P2 against the median async rate
         p1 = statistics.median(r["p1"] for r in rounds)
         c = statistics.median(r["async"]["per_s"] for r in rounds)
+        if args.compare_kv:
+            alt = {"kv_cache_on_update": args.compare_kv,
+                   "p1": statistics.median(r["p1_alt"] for r in rounds),
+                   "over_async": statistics.median(r["alt_over_async"] for r in rounds)}  # fmt: skip
     result = {
         "benchmark": "P1/P2 modes",
         "p1": p1,
         "p2": round(c / d, 3) if c and d else None,
+        "compare_kv": alt,
         "rollout_only_mean": round(a, 2) if a else None,
         "phases": phases,
         "rounds": rounds,

@@ -3,10 +3,12 @@
     .venv/bin/python tools/asyncrl_testing/bench_report.py --run modes bus      # run two, then render
     .venv/bin/python tools/asyncrl_testing/bench_report.py                      # render what is stored
 
-Each run is stored as ``<results>/<name>.json`` (default results dir /tmp/asyncrl-bench): the command,
-UTC start time, load average at start, wall time, exit status, and the script's own JSON output
-(``--json``/``--out``). BENCHMARKS.md (repo root) is rendered from every stored result; a benchmark
-with no stored result is listed as "not run in this session" - no number is ever filled in otherwise.
+Each run is stored as ``<results>/<name>.json`` (default ``benchmarks/results/``, committed, so a later
+session regenerates the report from the same runs; the runs' console logs stay beside them, ignored by
+git): the command, UTC start time, load average at start, wall time, exit status, git commit, and the
+script's own JSON output (``--json``/``--out``). BENCHMARKS.md (repo root) is rendered from every stored
+result; a benchmark with no stored result is listed as "not run" - no number is ever filled in otherwise.
+The hand-written findings in ``benchmarks/NOTES.md`` are appended as the Notes section.
 """
 
 from __future__ import annotations
@@ -26,23 +28,14 @@ from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TOOLS = "tools/asyncrl_testing"
+NOTES = REPO / "benchmarks" / "NOTES.md"
 # name -> (script and its arguments, the script's option for a JSON output file)
 SCRIPTS: dict[str, tuple[list[str], str]] = {
-    "modes": ([f"{TOOLS}/bench_modes.py", "--measure", "45", "--rounds", "7"], "--json"),
-    "modes-keep": (
-        [
-            f"{TOOLS}/bench_modes.py",
-            "--measure",
-            "45",
-            "--rounds",
-            "3",
-            "--kv-cache-on-update",
-            "keep",
-            "--phases",
-            "rollout_only,trainer_only,async",
-        ],
+    # (k) phase per round: P1 with kvCacheOnUpdate keep beside the default recompute, same drift
+    "modes": (
+        [f"{TOOLS}/bench_modes.py", "--measure", "45", "--rounds", "6", "--compare-kv", "keep"],
         "--json",
-    ),  # fmt: skip
+    ),
     "weightsync": ([f"{TOOLS}/bench_weightsync.py", "--syncs", "8"], "--out"),
     "bus": ([f"{TOOLS}/bench_bus.py", "--count", "4000", "--response-tokens", "512"], "--json"),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
@@ -77,14 +70,24 @@ def _read(path: str) -> str:
         return ""
 
 
+def commit() -> str:
+    """HEAD of the checkout the benchmark ran from, "+dirty" when it had uncommitted changes."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def run_one(name: str, results: pathlib.Path, timeout: float) -> dict[str, Any]:
     argv, json_opt = SCRIPTS[name]
     out = results / f"{name}.out.json"
     out.unlink(missing_ok=True)
     cmd = [".venv/bin/python", *argv, json_opt, str(out)]
     record: dict[str, Any] = {
-        "name": name, "command": shlex.join(cmd), "started_utc": utc_now(),
-        "load_avg_start": [round(x, 2) for x in os.getloadavg()], "machine": machine(),
+        "name": name, "command": shlex.join([*cmd[:-1], f"{name}.out.json"]), "started_utc": utc_now(),
+        "load_avg_start": [round(x, 2) for x in os.getloadavg()], "machine": machine(), "commit": commit(),
     }  # fmt: skip
     t0 = time.monotonic()
     with (results / f"{name}.log").open("w") as log:
@@ -96,7 +99,8 @@ def run_one(name: str, results: pathlib.Path, timeout: float) -> dict[str, Any]:
             record["rc"] = "timeout"
     record["wall_s"] = round(time.monotonic() - t0, 1)
     record["result"] = json.loads(out.read_text()) if out.exists() else None
-    (results / f"{name}.json").write_text(json.dumps(record, indent=2))
+    out.unlink(missing_ok=True)  # kept inside the record
+    (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
@@ -110,13 +114,6 @@ def _verdict(value: float | None, goal: float, higher_is_better: bool) -> str:
 def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
     """Table rows [id, what, measured, goal, verdict] for one stored run."""
     res = rec.get("result") if rec else None
-    if name == "modes-keep":  # the same P1 with rollout.kvCacheOnUpdate keep (no re-prefill after updates)
-        what = "P1 with `kvCacheOnUpdate: keep`: async ÷ min(rollout-only, trainer-only), samples/s"
-        if not res:
-            return [["P1 keep", what, "", "≥ 0.95", ""]]
-        per_round = ", ".join(str(r["p1"]) for r in res["rounds"])
-        got = f"**{res['p1']}** = median of {len(res['rounds'])} interleaved rounds ({per_round})"
-        return [["P1 keep", what, got, "≥ 0.95", _verdict(res["p1"], 0.95, True)]]
     if name == "modes":
         if not res:
             return [["P1", "async ÷ min(rollout-only, trainer-only)", "", "≥ 0.95", ""],
@@ -126,13 +123,27 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
             rs = res["rounds"]
             each = ", ".join(str(r["p1"]) for r in rs)
             c = statistics.median(r["async"]["per_s"] for r in rs)
-            return [
-                ["P1", "async ÷ min(rollout-only, trainer-only), samples/s",
+            kv = res["settings"].get("kv_cache_on_update", "recompute")
+            rows = [
+                ["P1", f"async ÷ min(rollout-only, trainer-only), samples/s (`kvCacheOnUpdate: {kv}`)",
                  f"**{res['p1']}** = median of {len(rs)} interleaved rounds ({each}); "
                  "round i = c_i ÷ min(mean(a_i, a_i+1), b_i)", "≥ 0.95", _verdict(res["p1"], 0.95, True)],
-                ["P2", "async ÷ sync, samples/s",
-                 f"**{res['p2']}** = median async {c} ÷ {ph['sync']['per_s']}", "— (none set)", "—"],
             ]  # fmt: skip
+            alt = res.get("compare_kv") or {}
+            if alt:
+                each = ", ".join(str(r["p1_alt"]) for r in rs)
+                ratio = ", ".join(str(r["alt_over_async"]) for r in rs)
+                rows.append(
+                    [f"P1 {alt['kv_cache_on_update']}",
+                     f"the same with `kvCacheOnUpdate: {alt['kv_cache_on_update']}`, run in every round "
+                     f"right after (c_i) against the same bound", f"**{alt['p1']}** = median of "
+                     f"({each}); k_i ÷ c_i median {alt['over_async']} ({ratio})", "≥ 0.95",
+                     _verdict(alt["p1"], 0.95, True)]
+                )  # fmt: skip
+            if "sync" in ph:
+                got = f"**{res['p2']}** = median async {c} ÷ {ph['sync']['per_s']}"
+                rows.append(["P2", "async ÷ sync, samples/s", got, "— (none set)", "—"])
+            return rows
         a, b, c, d = (ph[k]["per_s"] for k in ("rollout_only", "trainer_only", "async", "sync"))
         if "rollout_only_end" in ph:  # (a) before and after: the bound uses their mean
             a = f"mean({a}, {ph['rollout_only_end']['per_s']}) = {res['rollout_only_mean']}"
@@ -207,11 +218,13 @@ def render(results: pathlib.Path) -> str:
             notes.append(
                 f"- `{name}`: ran (exit {rec['rc']}) but produced no result; see `{results}/{name}.log`."
             )
-        when = rec["started_utc"] if rec else "not run in this session"
+        when = "not run"
+        if rec:
+            when = rec["started_utc"] + (f" ({rec['commit']})" if rec.get("commit") else "")
         load = " / ".join(str(x) for x in rec["load_avg_start"]) if rec else "—"
         for row in rows_for(name, rec if rec and rec.get("result") else None):
             if rec is None:
-                row[2], row[4] = "not run in this session", "—"
+                row[2], row[4] = "not run", "—"
             elif not rec.get("result"):
                 row[2], row[4] = f"no result (exit {rec['rc']}; see Commands)", "—"
             lines.append("| " + " | ".join([*row, when, load]) + " |")
@@ -220,12 +233,10 @@ def render(results: pathlib.Path) -> str:
     modes = json.loads((results / "modes.json").read_text()) if (results / "modes.json").exists() else None
     if modes and modes.get("result"):
         lines += ["", "## P1/P2 details", "", *modes_details(modes["result"])]
-    keep = results / "modes-keep.json"
-    keep_rec = json.loads(keep.read_text()) if keep.exists() else None
-    if keep_rec and keep_rec.get("result"):
-        lines += ["", "## P1 with kvCacheOnUpdate keep: details", "", *modes_details(keep_rec["result"])]
     lines += ["", "## Commands", "", *(commands or ["- none run"]), *([""] + notes if notes else [])]
     lines += ["", f"Regenerate: `.venv/bin/python {TOOLS}/bench_report.py --run {' '.join(SCRIPTS)}`", ""]
+    if NOTES.exists():
+        lines += ["## Notes", "", NOTES.read_text().strip(), ""]
     return "\n".join(lines)
 
 
@@ -274,9 +285,19 @@ def modes_details(res: dict[str, Any]) -> list[str]:
     for i, r in enumerate(res.get("rounds") or []):
         if i == 0:
             rows.append((f"round {i}: (a{i}) rollout-only, produced", r["rollout_only"]))
-        rows += [(f"round {i}: (b{i}) trainer-only, consumed", r["trainer_only"]),
-                 (f"round {i}: (c{i}) async, consumed — P1 {r['p1']} (bound {r['bound']})", r["async"]),
-                 (f"round {i}: (a{i + 1}) rollout-only, produced", r["rollout_only_next"])]  # fmt: skip
+        rows += [
+            (f"round {i}: (b{i}) trainer-only, consumed", r["trainer_only"]),
+            (f"round {i}: (c{i}) async, consumed — P1 {r['p1']} (bound {r['bound']})", r["async"]),
+        ]
+        if "async_alt" in r:
+            kv = (res.get("compare_kv") or {}).get("kv_cache_on_update", "?")
+            rows.append(
+                (
+                    f"round {i}: (k{i}) async, kvCacheOnUpdate {kv}, consumed — P1 {r['p1_alt']}",
+                    r["async_alt"],
+                )
+            )
+        rows.append((f"round {i}: (a{i + 1}) rollout-only, produced", r["rollout_only_next"]))  # fmt: skip
     for label, phase in rows:
         detail = ", ".join(f"{k} {v}" for k, v in phase.items() if k not in ("per_s", "rollout_cpu"))
         if phase.get("rollout_cpu"):
@@ -288,19 +309,15 @@ def modes_details(res: dict[str, Any]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--run", nargs="*", default=[], choices=list(SCRIPTS), help="benchmarks to run first")
-    parser.add_argument("--results", type=pathlib.Path, default=pathlib.Path("/tmp/asyncrl-bench"))
+    parser.add_argument("--results", type=pathlib.Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "BENCHMARKS.md")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per benchmark")
-    parser.add_argument("--note", action="append", default=[], help="a line for the Notes section")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
     for name in args.run:
         rec = run_one(name, args.results, args.timeout)
         print(f"{name}: exit {rec['rc']} in {rec['wall_s']} s", file=sys.stderr)
-    text = render(args.results)
-    if args.note:
-        text += "\n## Notes\n\n" + "".join(f"- {n}\n" for n in args.note)
-    args.out.write_text(text)
+    args.out.write_text(render(args.results))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -122,7 +122,7 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         if res.get("rounds"):  # interleaved rounds: P1 is the median round
             rs = res["rounds"]
             each = ", ".join(str(r["p1"]) for r in rs)
-            c = statistics.median(r["async"]["per_s"] for r in rs)
+            c = round(statistics.median(r["async"]["per_s"] for r in rs), 2)
             kv = res["settings"].get("kv_cache_on_update", "recompute")
             rows = [
                 ["P1", f"async ÷ min(rollout-only, trainer-only), samples/s (`kvCacheOnUpdate: {kv}`)",
@@ -140,6 +140,7 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
                      f"({each}); k_i ÷ c_i median {alt['over_async']} ({ratio})", "≥ 0.95",
                      _verdict(alt["p1"], 0.95, True)]
                 )  # fmt: skip
+            rows += token_rows(res)
             if "sync" in ph:
                 got = f"**{res['p2']}** = median async {c} ÷ {ph['sync']['per_s']}"
                 rows.append(["P2", "async ÷ sync, samples/s", got, "— (none set)", "—"])
@@ -198,6 +199,33 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
     what = f"{res['jobs']} jobs at {res['rate_per_s']}/s: time until all children exist; peak RSS"
     got = f"p50 {res['p50_s']} s, **p99 {res['p99_s']} s**, **RSS {res['operator_peak_rss_mb']} MB**"
     return [["Operator", what, got, "p99 < 1 s, RSS < 150 MB", "**pass**" if ok else "**miss**"]]
+
+
+def token_rows(res: dict[str, Any]) -> list[list[str]]:
+    """P1's context when the rollout is the bound: generated tokens/s of each async phase ÷ the mean
+    of the rollout-only phases around it. Samples/s carries the response-length noise of a window
+    (~1,300 geometric lengths: ±2-3%) and the trainer's whole-step windows; tokens/s carries neither,
+    so it shows what the async coupling costs the engine."""
+    rs = res["rounds"]
+    if not all(r["trainer_only"]["per_s"] > r["bound"] for r in rs):
+        return []  # the trainer was the bound in some round: the rollout's tokens/s is not P1's measure
+    out = []
+    for key, label in (("async", res["settings"].get("kv_cache_on_update", "recompute")),
+                       ("async_alt", (res.get("compare_kv") or {}).get("kv_cache_on_update"))):  # fmt: skip
+        if not label or key not in rs[0]:
+            continue
+        ratios = [
+            round(r[key]["tokens_per_s"] / statistics.mean([r["rollout_only"]["tokens_per_s"],
+                                                            r["rollout_only_next"]["tokens_per_s"]]), 3)
+            for r in rs
+        ]  # fmt: skip
+        out.append(
+            [f"P1 tokens ({label})",
+             f"context: generated tokens/s, async with `kvCacheOnUpdate: {label}` ÷ rollout-only "
+             "(the rollout is the bound in every round)",
+             f"median **{statistics.median(ratios)}** ({', '.join(map(str, ratios))})", "—", "—"]
+        )  # fmt: skip
+    return out
 
 
 def render(results: pathlib.Path) -> str:

@@ -19,7 +19,10 @@ variable (the rollout itself, a trainer or test started later from the same shel
 
 PR_SET_PDEATHSIG follows the parent *thread* that spawned the child: ``RolloutEngine.start`` sets the
 variable only when called on the main thread (the rollout's ``asyncio.run``), and vLLM's EngineCore
-starts its workers from its main thread. Linux only; elsewhere the plugin does nothing.
+starts its workers from its main thread. Linux only; elsewhere the plugin does nothing. Where vLLM
+forks instead of spawning (``VLLM_WORKER_MULTIPROC_METHOD=fork`` on a GPU whose parent has not touched
+CUDA), the child inherits vLLM's "plugins loaded" flag and this does not run again: there the pod's
+runtime (or the local runner's process-group kill) is what reaps the engine.
 """
 
 from __future__ import annotations

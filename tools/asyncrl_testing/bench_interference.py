@@ -109,9 +109,11 @@ def main() -> int:
     parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
     parser.add_argument("--keep", type=pathlib.Path, help="work dir to keep (logs, step logs, configs)")
     args = parser.parse_args()
-    # the job shape of bench_modes (the settings its spec_for reads)
-    args.max_tokens, args.prompts, args.staleness, args.lr = 256, 16, 2, 1e-12
-    args.kv_cache_on_update, args.sync_every = "recompute", 1
+    # the job shape of bench_modes: every setting its Bench reads, from its own defaults (a copied
+    # list went stale when bench_modes gained --inflight)
+    for key, value in vars(bm.build_parser().parse_args([])).items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
     pin, why = bm.pinnable((args.rollout_core, args.trainer_core))
     if not pin:
         print(f"cannot pin: {why}", file=sys.stderr)

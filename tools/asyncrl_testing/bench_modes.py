@@ -454,7 +454,8 @@ def pin_verdict(pin: bool, why: str, seen: dict[str, list[str]], rcore: int, tco
     )
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's options; ``bench_interference`` reads the job shape from their defaults."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--measure", type=float, default=60.0, help="seconds measured per phase")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds after the first sample/step")
@@ -498,7 +499,11 @@ def main() -> int:
         help="> 1: interleave (a) (b) (c) that many times, then (a) once more; P1 = the median round",
     )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="write and validate the configs, run nothing")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     load = os.getloadavg()
     pin, why = pinnable((args.rollout_core, args.trainer_core))
     with tempfile.TemporaryDirectory(prefix="asyncrl-modes-") as tmp:

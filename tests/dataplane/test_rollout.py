@@ -28,6 +28,7 @@ import nats
 import prometheus_client.parser
 import pytest
 from asyncrl_api import config as config_mod
+from asyncrl_testing import procfs
 from asyncrl_workloads.bus import codec, subjects
 from asyncrl_workloads.tasks import say_char
 
@@ -248,19 +249,6 @@ async def stream_messages(url: str, at_least: int, timeout: float) -> int:
         await nc.close()
 
 
-def session_processes(session: int) -> dict[int, str]:
-    """pid -> name of every process in ``session`` (from /proc): the rollout and vLLM's children,
-    which stay in the session even when orphaned."""
-    out = {}
-    for proc in pathlib.Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if proc.name.isdigit():
-                text = (proc / "stat").read_text()
-                if int(text.rsplit(")", 1)[1].split()[3]) == session:
-                    out[int(proc.name)] = text[text.index("(") + 1 : text.rindex(")")]
-    return out
-
-
 def test_vllm_engine_processes_die_with_a_sigkilled_rollout(tmp_path, nats_server, tiny_model) -> None:
     """SIGKILL the rollout process alone, not its group (an OOM kill, or PR_SET_PDEATHSIG when the
     local runner died): vLLM's EngineCore and worker follow it (rollout/vllm_plugin.py) instead of
@@ -269,13 +257,13 @@ def test_vllm_engine_processes_die_with_a_sigkilled_rollout(tmp_path, nats_serve
     session = rollout.proc.pid
     try:
         asyncio.run(stream_messages(nats_server.url, at_least=N, timeout=180))  # the engine is generating
-        engine = {p: n for p, n in session_processes(session).items() if n.startswith("VLLM::")}
+        engine = {p: n for p, n in procfs.session_processes(session).items() if n.startswith("VLLM::")}
         assert any(n.startswith("VLLM::EngineCor") for n in engine.values()), engine
         assert any(n.startswith("VLLM::Worker") for n in engine.values()), engine
         os.kill(rollout.proc.pid, signal.SIGKILL)
         rollout.proc.wait(timeout=10)
         deadline = time.monotonic() + 30
-        while (left := session_processes(session)) and time.monotonic() < deadline:
+        while (left := procfs.session_processes(session)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not left, f"outlived the rollout by 30 s: {left}"
     finally:

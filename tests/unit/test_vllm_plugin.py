@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from asyncrl_testing import procfs
 from asyncrl_workloads.rollout import vllm_plugin
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
@@ -49,7 +50,7 @@ if __name__ == "__main__":
 
 def alive(pid: int) -> bool:
     try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return procfs.stat_fields(pid)[0] != "Z"
     except FileNotFoundError:
         return False
 

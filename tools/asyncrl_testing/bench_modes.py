@@ -134,11 +134,10 @@ class Proc:
     def affinity(self) -> list[str]:
         """Cpus_allowed_list of every thread of every process in this child's session."""
         seen: set[str] = set()
-        for proc in pathlib.Path("/proc").iterdir():
+        for pid in procfs.session_processes(self.p.pid):
             try:
-                if proc.name.isdigit() and int(procfs.stat_fields(proc.name)[3]) == self.p.pid:
-                    seen.update(procfs.thread_affinity(proc.name))
-            except (OSError, ValueError, IndexError):
+                seen.update(procfs.thread_affinity(pid))
+            except OSError:
                 continue
         return sorted(seen)
 

@@ -30,18 +30,27 @@ def _name_and_fields(stat: pathlib.Path) -> tuple[str, list[str]]:
     return text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1].split()
 
 
+def session_processes(session: int) -> dict[int, str]:
+    """pid -> name of every process in session ``session`` (orphans stay in their session)."""
+    out = {}
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                name, fields = _name_and_fields(proc / "stat")
+                if int(fields[3]) == session:
+                    out[int(proc.name)] = name
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended while we read
+    return out
+
+
 def session_thread_cpu(session: int) -> dict[str, float]:
     """CPU seconds of every thread of every process in session ``session``, summed by
     "process name/thread name" (a pool's threads share a name, so they add up)."""
     out: dict[str, float] = {}
-    for proc in pathlib.Path("/proc").iterdir():
+    for pid, pname in session_processes(session).items():
         try:
-            if not proc.name.isdigit():
-                continue
-            pname, fields = _name_and_fields(proc / "stat")
-            if int(fields[3]) != session:
-                continue
-            for task in (proc / "task").iterdir():
+            for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
                 tname, tfields = _name_and_fields(task / "stat")
                 key = f"{pname}/{tname}"
                 out[key] = out.get(key, 0.0) + cpu_seconds(task.name, tfields)

@@ -68,9 +68,13 @@ def log_tail(path: pathlib.Path, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)\n"
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def kill_on_parent_death() -> bool:
+    """Ask the kernel to SIGKILL this process when the thread that started it dies (Linux; False
+    elsewhere or if refused). Runs between fork and exec here, and in vLLM's engine processes
+    (``rollout/vllm_plugin.py``)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return int(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)) == 0
 
 
 def child_setup(die_with_parent: bool, cpus: Collection[int] | None) -> Callable[[], None] | None:
@@ -80,7 +84,7 @@ def child_setup(die_with_parent: bool, cpus: Collection[int] | None) -> Callable
 
     def setup() -> None:
         if die_with_parent:
-            _die_with_parent()
+            kill_on_parent_death()
         if cpus:
             os.sched_setaffinity(0, cpus)
 

@@ -27,14 +27,13 @@ runtime (or the local runner's process-group kill) is what reaps the engine.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import signal
-import sys
+
+from asyncrl_workloads.local import process
 
 PARENT_ENV = "ASYNCRL_ENGINE_PARENT"
-PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
@@ -43,10 +42,8 @@ def die_with_parent() -> None:
     spawner = multiprocessing.parent_process()
     if not parent.isdigit() or spawner is None or spawner.pid != int(parent):
         return  # not an engine process of an asyncrl rollout
-    if not sys.platform.startswith("linux"):
-        return
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        return  # the kernel refused: nothing else to do (the pod still reaps it)
+    if not process.kill_on_parent_death():
+        return  # not Linux, or the kernel refused: nothing else to do (the pod still reaps it)
     if os.getppid() != int(parent):
         os.kill(os.getpid(), signal.SIGKILL)  # the parent died before we asked: an orphan already
     os.environ[PARENT_ENV] = str(os.getpid())

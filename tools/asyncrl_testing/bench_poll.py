@@ -4,10 +4,12 @@
 
 A real TCPStore server in another process (as the trainer hosts it); in this process an asyncio loop
 that, for ``--seconds`` each: only sleeps 20 ms ("idle"); polls a counter key through
-``asyncio.to_thread`` then sleeps 20 ms ("to_thread", what ``rollout/worker.py``'s control loop does);
-polls with a direct call then sleeps ("direct"); blocks in ``TCPStore.wait`` on a key that never
-appears, with a 0.5 s timeout ("wait"; torch prints two c10d warnings per timed-out wait). Reports
-process CPU seconds ÷ wall seconds per variant, each run twice, interleaved.
+``asyncio.to_thread`` then sleeps 20 ms ("to_thread", what ``rollout/worker.py``'s control loop did
+until ``PlanWatcher``); polls with a direct call then sleeps ("direct"); polls from a thread of its
+own that sleeps 20 ms between peeks while the loop waits ("thread", what ``PlanWatcher`` does);
+blocks in ``TCPStore.wait`` on a key that never appears, with a 0.5 s timeout ("wait"; torch prints
+two c10d warnings per timed-out wait). Reports process CPU seconds ÷ wall seconds per variant, each
+run twice, interleaved.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -41,6 +44,19 @@ def free_port() -> int:
 
 async def run(kind: str, seconds: float, peek: Callable[[], int], wait: Callable[[], None]) -> float:
     t0, c0 = time.monotonic(), time.process_time()
+    if kind == "thread":  # a poller thread of its own; the loop wakes only for what it hands over
+        done = threading.Event()
+
+        def poller() -> None:
+            while not done.wait(PERIOD_S):
+                peek()
+
+        thread = threading.Thread(target=poller, daemon=True)
+        thread.start()
+        await asyncio.sleep(seconds)
+        done.set()
+        thread.join()
+        return (time.process_time() - c0) / (time.monotonic() - t0)
     while time.monotonic() - t0 < seconds:
         if kind == "to_thread":
             await asyncio.to_thread(peek)
@@ -75,7 +91,7 @@ def main() -> int:
                 store.wait(["never"], datetime.timedelta(seconds=0.5))
 
         out: dict[str, list[float]] = {}
-        for kind in ("idle", "to_thread", "direct", "wait") * 2:
+        for kind in ("idle", "to_thread", "direct", "thread", "wait") * 2:
             out.setdefault(kind, []).append(round(asyncio.run(run(kind, args.seconds, peek, wait)), 4))
         peek()  # the client still answers after timed-out waits
     finally:

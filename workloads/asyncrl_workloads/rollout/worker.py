@@ -8,7 +8,9 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
 - **generation**: up to ``max_inflight_prompts`` groups at once; each group is one vLLM request
   with ``n`` samples; every sample becomes one ``Trajectory`` (token ids, processed behaviour
   logprobs, the policy version of every token, reward) published to the bus.
-- **control**: polls the rendezvous for plans; for a plan that includes this replica it runs
+- **control**: waits for plans (``PlanWatcher`` polls the rendezvous from a thread of its own, so
+  the event loop, which also runs vLLM's front end, wakes only when something changed); for a
+  plan that includes this replica it runs
   the weight-update round (``rollout/update.py``: with gloo the weights are received while still
   generating and the engine pauses only to reload). With ``partialRollout: true`` in-flight
   requests are frozen across the reload and continue under the new weights (their tokens then
@@ -26,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -71,6 +74,87 @@ class Stats:
     published: int = 0
     partial: int = 0
     updates: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+
+class PlanWatcher:
+    """Polls the trainer's rendezvous every ``period_s`` from a daemon thread and hands the control
+    loop only what it must act on: a new plan, a (re)connection (``link.epoch`` differs from the
+    epoch the engine workers are connected at), or a failure (``TrainerUnreachable`` included).
+
+    Why a thread of its own: polling through ``asyncio.to_thread`` every 20 ms woke the event loop
+    (which also runs vLLM's front end) twice per poll and cost ~2.5% of the rollout's core
+    (``tools/asyncrl_testing/bench_poll.py``). The link is used by one thread at a time: the
+    watcher peeks only while the control loop waits in ``next``; the update round's own store calls
+    run between two ``next``. A result that reaches a ``next`` which was cancelled meanwhile is
+    kept for the following ``next``: a plan is never lost.
+    """
+
+    def __init__(self, link: replica.ReplicaLink, period_s: float) -> None:
+        self._link, self._period_s = link, period_s
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._closed = threading.Event()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[base.Plan | None]] | None = None
+        self._engine_epoch = 0
+        self._kept: tuple[base.Plan | None, BaseException | None] | None = None
+        self._thread = threading.Thread(target=self._run, name="asyncrl-plan-watcher", daemon=True)
+
+    async def next(self, engine_epoch: int) -> base.Plan | None:
+        """The next plan not seen yet; None when only the connection changed (see the class)."""
+        if self._closed.is_set():
+            raise RuntimeError("plan watcher closed")
+        if self._kept is not None:
+            (plan, exc), self._kept = self._kept, None
+            if exc is not None:
+                raise exc
+            return plan
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[base.Plan | None] = loop.create_future()
+        with self._lock:
+            self._waiter, self._engine_epoch = (loop, future), engine_epoch
+            self._wanted.set()
+        if not self._thread.is_alive():
+            self._thread.start()
+        return await future
+
+    def close(self) -> None:
+        """Stop peeking. Does not wait: the thread may be inside a store connect (seconds)."""
+        self._closed.set()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            if self._closed.is_set():
+                return
+            with self._lock:
+                engine_epoch = self._engine_epoch
+            result: tuple[base.Plan | None, BaseException | None]
+            try:
+                plan = self._link.poll()
+            except BaseException as exc:  # handed to the control loop, which decides
+                result = (None, exc)
+            else:
+                if plan is None and self._link.epoch == engine_epoch:
+                    self._closed.wait(self._period_s)
+                    continue
+                result = (plan, None)
+            with self._lock:  # to whoever waits now; the loop asks again only after delivery
+                self._wanted.clear()
+                assert self._waiter is not None
+                loop, future = self._waiter
+            with contextlib.suppress(RuntimeError):  # the event loop closed meanwhile
+                loop.call_soon_threadsafe(self._deliver, future, result)
+
+    def _deliver(
+        self, future: asyncio.Future[base.Plan | None], result: tuple[base.Plan | None, BaseException | None]
+    ) -> None:
+        if future.done():  # that ``next`` was cancelled: keep the result for the following one
+            self._kept = result
+        elif result[1] is not None:
+            future.set_exception(result[1])
+        else:
+            future.set_result(result[0])
 
 
 class RolloutWorker:
@@ -212,10 +296,23 @@ class RolloutWorker:
             self.engine, link, self.m, self.admission, self._inflight,
             partial_rollout=self.s.partial_rollout, poll_s=self.s.poll_s,
         )  # fmt: skip
+        watcher = PlanWatcher(link, self.s.poll_s)
+        try:
+            await self._follow(stop, link, watcher, updater)
+        finally:
+            watcher.close()
+
+    async def _follow(
+        self,
+        stop: asyncio.Event,
+        link: replica.ReplicaLink,
+        watcher: PlanWatcher,
+        updater: update_mod.Updater,
+    ) -> None:
         unreachable_logged = False
         while not stop.is_set():
             try:
-                plan = await asyncio.to_thread(link.poll)
+                plan = await watcher.next(self._engine_epoch)
                 unreachable_logged = False
             except replica.TrainerUnreachable as exc:
                 if not unreachable_logged:
@@ -249,7 +346,6 @@ class RolloutWorker:
                         "v%d announced without this replica (at v%d); joining at the next version%s",
                         plan.version, self.engine.version, ", generation paused" if paused else "",
                     )  # fmt: skip
-            await asyncio.sleep(self.s.poll_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Generate and follow the trainer until ``stop`` is set or the engine fails."""

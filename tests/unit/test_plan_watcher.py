@@ -1,0 +1,94 @@
+"""The rollout's plan watcher (rollout/worker.py ``PlanWatcher``) against a real TCPStore, hosted as
+the trainer hosts it, through a real ``ReplicaLink``: what the control loop is woken for."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+import torch.distributed as dist
+from asyncrl_workloads.rollout import worker
+from asyncrl_workloads.weightsync import base, rendezvous, replica
+
+
+def announce(store: dist.TCPStore, seq: int, version: int) -> base.Plan:
+    """What the trainer's sender writes for a round (weightsync/sender.py)."""
+    plan = base.Plan(
+        seq=seq, version=version, candidates=(base.Member(0, "someone-else", 1),), tensors=(),
+        buckets=(), timeout_seconds=5.0, trainer="t", bucket_bytes=1 << 20, registered=1,
+    )  # fmt: skip
+    store.set(rendezvous.plan_key(seq), base.encode(plan))
+    store.set(rendezvous.PLAN_SEQ, str(seq))
+    return plan
+
+
+@pytest.fixture
+def store() -> dist.TCPStore:
+    trainer_store = rendezvous.host_store(0, 10)
+    trainer_store.set(rendezvous.TRAINER, "trainer-1")
+    return trainer_store
+
+
+def test_wakes_for_the_connection_then_only_for_new_plans(store: dist.TCPStore) -> None:
+    link = replica.ReplicaLink("127.0.0.1", store.port, replica=0)
+    watcher = worker.PlanWatcher(link, period_s=0.01)
+
+    async def scenario() -> None:
+        assert await asyncio.wait_for(watcher.next(0), 10) is None  # connected: epoch moved
+        assert link.epoch == 1
+        assert rendezvous.peek_int(store, rendezvous.HELLO_SEQ) == 1  # and said hello
+        waiting = asyncio.ensure_future(watcher.next(link.epoch))
+        await asyncio.sleep(0.3)  # ~30 polls with nothing new: the loop is not woken
+        assert not waiting.done()
+        plan = announce(store, 1, version=1)
+        assert await asyncio.wait_for(waiting, 10) == plan
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        watcher.close()
+
+
+def test_a_plan_that_arrives_while_no_one_waits_is_kept(store: dist.TCPStore) -> None:
+    link = replica.ReplicaLink("127.0.0.1", store.port, replica=0)
+    watcher = worker.PlanWatcher(link, period_s=0.01)
+
+    async def scenario() -> None:
+        await asyncio.wait_for(watcher.next(0), 10)
+        with pytest.raises(TimeoutError):  # the control loop gave up waiting (cancelled)
+            await asyncio.wait_for(watcher.next(link.epoch), 0.2)
+        plan = announce(store, 1, version=3)
+        await asyncio.sleep(0.3)  # the watcher finds it while no one waits
+        assert await asyncio.wait_for(watcher.next(link.epoch), 10) == plan
+        later = announce(store, 2, version=4)  # and goes on peeking afterwards
+        assert await asyncio.wait_for(watcher.next(link.epoch), 10) == later
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        watcher.close()
+
+
+def test_an_unreachable_trainer_is_handed_to_the_control_loop() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=0.5)
+    watcher = worker.PlanWatcher(link, period_s=0.01)
+    try:
+        with pytest.raises(replica.TrainerUnreachable, match=f"127.0.0.1:{port}"):
+            asyncio.run(asyncio.wait_for(watcher.next(0), 30))
+    finally:
+        watcher.close()
+
+
+def test_close_ends_the_thread(store: dist.TCPStore) -> None:
+    link = replica.ReplicaLink("127.0.0.1", store.port, replica=0)
+    watcher = worker.PlanWatcher(link, period_s=0.01)
+    asyncio.run(asyncio.wait_for(watcher.next(0), 10))
+    watcher.close()
+    watcher._thread.join(5)
+    assert not watcher._thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(watcher.next(link.epoch))

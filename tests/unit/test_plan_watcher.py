@@ -92,3 +92,17 @@ def test_close_ends_the_thread(store: dist.TCPStore) -> None:
     assert not watcher._thread.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         asyncio.run(watcher.next(link.epoch))
+
+
+def test_close_during_a_poll_ends_the_thread_once_the_poll_returns() -> None:
+    """The control loop is cancelled (the rollout stops) while the watcher is inside a store connect."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=1.0)
+    watcher = worker.PlanWatcher(link, period_s=0.01)
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(watcher.next(0), 0.1))
+    watcher.close()  # the connect still has up to a second to fail
+    watcher._thread.join(15)
+    assert not watcher._thread.is_alive()

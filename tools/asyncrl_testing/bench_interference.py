@@ -1,31 +1,42 @@
-"""How much the rollout and the trainer slow each other down through the hardware alone (a script, not
-a test): the ceiling this machine puts on P1 before any asyncrl code is involved.
+"""How much a training trainer slows the rollout through the hardware alone (a script, not a test):
+the ceiling this machine puts on P1 before any asyncrl code couples the two.
 
-    .venv/bin/python tools/asyncrl_testing/bench_interference.py --rounds 2 --json /tmp/intf.json
+    .venv/bin/python tools/asyncrl_testing/bench_interference.py --json /tmp/intf.json     # ~5 min
 
-P1 divides the async rate by rollout-only and trainer-only rates measured with the other core idle.
-In the async phase both cores are busy: if the two cores share anything (SMT siblings on the host,
-caches, memory bandwidth, a power budget), each process runs slower than alone even though they
-never wait for each other. This measures that directly with the same processes, pinning and tiny
-job as ``bench_modes.py``, but with no link between them (no bus, no weight sync):
+P1 divides the async rate by a rollout-only rate measured with the other core idle. In the async
+phase both cores are busy: if they share anything (caches, memory bandwidth, a power budget), the
+rollout generates slower beside the trainer even though nothing makes it wait. Measured here with
+the processes, pinning and tiny job of ``bench_modes.py`` and no link between them (no shared
+stream, no weight sync):
 
-(a)  rollout-only alone (rollout core), produced/s;
-(ab) a rollout-only job and, beside it on the trainer core, a trainer-only job training on (a)'s
-     stream (pre-filled with real samples): both rates over the same window;
-(b)  the trainer-only job alone, on (ab)'s rollout stream;
-(a') rollout-only alone again (the host drifts: (a) and (a') bracket (ab)).
+- one rollout-only job runs on the rollout core for the whole measurement;
+- beside it, on the trainer core, a trainer trains on a stream of its own, pre-filled with
+  synthetic groups shaped like the rollout's (geometric response lengths, mean ~75, cut at
+  ``--max-tokens``; rewards vary within a group), enough that it never runs dry;
+- the trainer is switched on and off (SIGCONT / SIGSTOP to its process group) in ``--pairs`` pairs
+  of ``--window`` s windows, ordered on-off, off-on, ... (ABBA: a linear drift of the host cancels
+  within two pairs); the rollout's generated tokens and samples are read from its /metrics at each
+  window's edges, after ``--settle`` s.
 
-Per round: rollout beside / alone = ab.rollout ÷ mean(a, a'), trainer beside / alone = ab.trainer ÷ b.
-The result is the median over rounds. A ratio of 0.9 means P1 cannot exceed ~0.9 on this host however
-well the code overlaps generation and training.
+Per pair: rollout rate with the trainer training ÷ with it stopped. The result is the median over
+pairs, by tokens (free of the response-length noise of a window) and by samples. The trainer's
+steps per window are reported: every "on" window must have some, every "off" window none. A ratio of
+0.9 means P1 cannot exceed ~0.9 on this host however well the code overlaps generation and training.
+An earlier version of this script ran the rollout alone and beside a trainer in separate phases;
+host drift between phases (±10%) and a trainer whose pre-filled queue ran dry mid-window made it
+inconclusive (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import pathlib
+import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -36,74 +47,107 @@ sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent)]
 
 import bench_modes as bm  # noqa: E402
 
+SCRAPED = (bm.PRODUCED, bm.TOKENS)
 
-def beside(bench: bm.Bench, rjob: str, tjob: str) -> dict[str, Any]:
-    """A rollout-only job on the rollout core and a trainer-only job (on ``tjob``'s pre-filled stream)
-    on the trainer core at once; both rates over one window."""
+
+def prefill(url: str, job: str, groups: int, n: int, max_tokens: int, seed: int = 0) -> int:
+    """Publish ``groups`` synthetic groups of ``n`` to ``job``'s stream (as bench_modes configures it)."""
+    import nats
+    from asyncrl_workloads import tinymodel
+    from asyncrl_workloads.bus import jetstream, trajectory
+
+    rng = random.Random(seed)
+    ids = sorted(tinymodel.vocabulary().values())
+
+    async def go() -> int:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        settings = jetstream.StreamSettings(bm.NS, job, max_size=200_000)
+        await jetstream.ensure_stream(js, settings)
+        pub, sent = jetstream.Publisher(js, settings), 0
+        for g in range(groups):
+            prompt = [rng.choice(ids) for _ in range(24)]
+            for j in range(n):
+                length = min(1 + int(rng.expovariate(1 / 75)), max_tokens)
+                sent += await pub.publish(trajectory.Trajectory(
+                    id=trajectory.trajectory_id(job, 0, str(g), j), job=job, replica=0,
+                    group_id=f"{job}:{g}", group_size=n, sample_index=j, prompt_ids=prompt,
+                    response_ids=[rng.choice(ids) for _ in range(length)],
+                    behaviour_logprobs=[-4.6 * rng.random() for _ in range(length)],
+                    versions=[0] * length, mask=[1] * length, reward=float(rng.random() < 0.3),
+                    created_at=time.time(),
+                ))  # fmt: skip
+        await nc.close()
+        return sent
+
+    return asyncio.run(go())
+
+
+def toggled(bench: bm.Bench, pairs: int, window: float, settle: float) -> dict[str, Any]:
+    rjob, tjob = "intf-rollout", "intf-trainer"
+    groups = int(pairs * (window + settle) * 130 / 8) + 64  # > 130 samples/s of training, every on window
+    published = prefill(bench.url, tjob, groups, 8, bench.a.max_tokens)
     rcfg, rport = bench.config(rjob, "async", 1024), bench.port()
     tcfg, tport = bench.config(tjob, "async", 1024), bench.port()
-    tag = f"beside-{tjob}"
-    log = bench.work / f"{tag}-steps.jsonl"
-    roll = bm.Proc(f"{rjob}-rollout", "asyncrl_workloads.entrypoints.rollout", rcfg, bench.work,
+    log = bench.work / "intf-trainer-steps.jsonl"
+    roll = bm.Proc("intf-rollout", "asyncrl_workloads.entrypoints.rollout", rcfg, bench.work,
                    bm.rollout_env(rport), bench.rcore)  # fmt: skip
-    procs = [roll]
+    procs, windows = [roll], []
     try:
         bm.wait_until(lambda: bm.scrape_ok(rport, bm.PRODUCED) > 0, procs, 300, "the first produced sample")
-        tr = bm.Proc(f"{tag}-trainer", "asyncrl_workloads.entrypoints.trainer", tcfg, bench.work,
-                     bm.trainer_env(bench.work, tag, tport), bench.tcore)  # fmt: skip
+        tr = bm.Proc("intf-trainer", "asyncrl_workloads.entrypoints.trainer", tcfg, bench.work,
+                     bm.trainer_env(bench.work, "intf-trainer", tport), bench.tcore)  # fmt: skip
         procs.append(tr)
         bm.wait_until(lambda: len(bm.read_steps(log)) >= 2, procs, 300, "the trainer's second step")
-        time.sleep(5.0)  # both warm
-        m0, t0, start = bm.scrape(rport, (bm.PRODUCED, bm.TOKENS)), time.monotonic(), time.time()
-        time.sleep(bench.a.measure)
-        for p in procs:
-            p.check()
-        m1, t1, end = bm.scrape(rport, (bm.PRODUCED, bm.TOKENS)), time.monotonic(), time.time()
-        bench.affinity[f"{rjob}-rollout"], bench.affinity[f"{tag}-trainer"] = roll.affinity(), tr.affinity()
+        bench.affinity["intf-rollout"], bench.affinity["intf-trainer"] = roll.affinity(), tr.affinity()
+        for i in range(pairs):
+            for on in (True, False) if i % 2 == 0 else (False, True):
+                os.killpg(tr.p.pid, signal.SIGCONT if on else signal.SIGSTOP)
+                time.sleep(settle)
+                for p in procs:
+                    p.check()
+                steps0, m0, t0 = len(bm.read_steps(log)), bm.scrape(rport, SCRAPED), time.monotonic()
+                use = bm.CoreUse(tr, bench.tcore)
+                time.sleep(window)
+                steps1, m1, t1 = len(bm.read_steps(log)), bm.scrape(rport, SCRAPED), time.monotonic()
+                windows.append({
+                    "pair": i, "trainer": "on" if on else "off", "trainer_steps": steps1 - steps0,
+                    "trainer_core_share": use.result()["session_fraction"],
+                    "tokens_per_s": round((m1[bm.TOKENS] - m0[bm.TOKENS]) / (t1 - t0), 1),
+                    "samples_per_s": round((m1[bm.PRODUCED] - m0[bm.PRODUCED]) / (t1 - t0), 2),
+                })  # fmt: skip
+                print(json.dumps(windows[-1]), flush=True)
+        os.killpg(tr.p.pid, signal.SIGCONT)
+        queue_left = bm.read_steps(log)[-1]["counters"]["queue_depth"]
     finally:
         for p in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.p.pid, signal.SIGCONT)  # a stopped process would not see SIGTERM
             p.stop()
-    produced = m1[bm.PRODUCED] - m0[bm.PRODUCED]
-    trainer = bm.window_rate(bm.read_steps(log), start, end)
+    by: dict[str, list[float]] = {"tokens": [], "samples": []}
+    for i in range(pairs):
+        pair = {w["trainer"]: w for w in windows if w["pair"] == i}
+        w_on, w_off = pair["on"], pair["off"]
+        by["tokens"].append(w_on["tokens_per_s"] / w_off["tokens_per_s"])
+        by["samples"].append(w_on["samples_per_s"] / w_off["samples_per_s"])
+    clean = all((w["trainer_steps"] > 0) == (w["trainer"] == "on") for w in windows)
     return {
-        "rollout_per_s": round(produced / (t1 - t0), 2),
-        "rollout_tokens_per_s": round((m1[bm.TOKENS] - m0[bm.TOKENS]) / (t1 - t0), 1),
-        "trainer_per_s": trainer["per_s"],
-        "trainer_steps": trainer["steps"],
-        "trainer_queue_left": bm.read_steps(log)[-1]["counters"]["queue_depth"],
+        "rollout_tokens_on_over_off": round(statistics.median(by["tokens"]), 3),
+        "rollout_samples_on_over_off": round(statistics.median(by["samples"]), 3),
+        "pairs_tokens": [round(x, 3) for x in by["tokens"]],
+        "pairs_samples": [round(x, 3) for x in by["samples"]],
+        "windows": windows,
+        "trainer_steps_only_when_on": clean,
+        "trainer_queue_left": queue_left,
+        "prefilled": published,
     }
-
-
-def run_round(bench: bm.Bench, i: int) -> dict[str, Any]:
-    a = bench.rollout_only(f"intf-r{i}-a")
-    print(f"round {i} a", json.dumps(a), flush=True)
-    ab = beside(bench, f"intf-r{i}-ab", f"intf-r{i}-a")
-    print(f"round {i} ab", json.dumps(ab), flush=True)
-    b = bench.trainer_only(f"intf-r{i}-ab")
-    print(f"round {i} b", json.dumps(b), flush=True)
-    a2 = bench.rollout_only(f"intf-r{i}-a2")
-    print(f"round {i} a'", json.dumps(a2), flush=True)
-    alone = statistics.mean([a["per_s"], a2["per_s"]])
-    out = {"a": a, "ab": ab, "b": b, "a2": a2, "rollout_alone": round(alone, 2)}
-    out["rollout_ratio"] = round(ab["rollout_per_s"] / alone, 3)
-    tokens_alone = statistics.mean([a["tokens_per_s"], a2["tokens_per_s"]])
-    out["rollout_tokens_ratio"] = round(ab["rollout_tokens_per_s"] / tokens_alone, 3)  # length noise out
-    out["trainer_ratio"] = (
-        round(ab["trainer_per_s"] / b["per_s"], 3) if ab["trainer_per_s"] and b["per_s"] else None
-    )
-    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--measure", type=float, default=35.0, help="seconds measured per phase")
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=20.0,
-        help="rollout-only: seconds after the first sample (also fills the stream (ab) trains on)",
-    )
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=8, help="on/off pairs of windows")
+    parser.add_argument("--window", type=float, default=12.0, help="seconds measured per window")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds after each switch")
     parser.add_argument("--rollout-core", type=int, default=1)
     parser.add_argument("--trainer-core", type=int, default=0)
     parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
@@ -129,14 +173,11 @@ def main() -> int:
         t_begin = time.monotonic()
         with natsserver.start(store_dir=work / "nats", log_path=work / "nats.log") as server:
             bench = bm.Bench(args, work, model, server.url, pin)
-            rounds = [run_round(bench, i) for i in range(args.rounds)]
+            measured = toggled(bench, args.pairs, args.window, args.settle)
     result = {
-        "benchmark": "rollout/trainer hardware interference",
-        "rollout_beside_over_alone": round(statistics.median(r["rollout_ratio"] for r in rounds), 3),
-        "trainer_beside_over_alone": round(
-            statistics.median(r["trainer_ratio"] for r in rounds if r["trainer_ratio"] is not None), 3
-        ),
-        "rounds": rounds,
+        "benchmark": "rollout slowed by a training trainer beside it (hardware only)",
+        **measured,
+        "pairs": args.pairs, "window_s": args.window, "settle_s": args.settle,
         "pinning": bm.pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),
         "load_avg_start": [round(x, 2) for x in load], "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(time.monotonic() - t_begin, 1),

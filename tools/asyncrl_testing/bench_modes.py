@@ -375,11 +375,11 @@ class Bench:
             wait_until(lambda: len(read_steps(log)) >= 1, [tr, roll], 400, "the trainer's first step")
             start = read_steps(log)[0]["time"] + self.a.warmup
             wait_until(lambda: time.time() >= start, [tr, roll], self.a.warmup + 5, "warm-up")
-            m0, use = scrape(rport, ROLLOUT), CoreUse(roll, self.rcore)
+            m0, use, tuse = scrape(rport, ROLLOUT), CoreUse(roll, self.rcore), CoreUse(tr, self.tcore)
             wait_until(
                 lambda: time.time() >= start + self.a.measure, [tr, roll], self.a.measure + 5, "window"
             )
-            m1, cpu = scrape(rport, ROLLOUT), use.result()
+            m1, cpu, tcpu = scrape(rport, ROLLOUT), use.result(), tuse.result()
             self.affinity[f"{name}-rollout"], self.affinity[f"{name}-trainer"] = (
                 roll.affinity(),
                 tr.affinity(),
@@ -399,6 +399,7 @@ class Bench:
         out["pause_s_mean"] = round((m1[PAUSE_SUM] - m0[PAUSE_SUM]) / pauses, 4) if pauses else None
         out.update(engine_load(m0, m1, self.a.measure))
         out["rollout_cpu"] = cpu
+        out["trainer_cpu"] = tcpu  # how busy the trainer keeps its core: what the rollout runs beside
         return out
 
 

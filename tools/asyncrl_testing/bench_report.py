@@ -37,9 +37,12 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         "--json",
     ),
     "weightsync": ([f"{TOOLS}/bench_weightsync.py", "--syncs", "8"], "--out"),
-    "bus": ([f"{TOOLS}/bench_bus.py", "--count", "4000", "--response-tokens", "512"], "--json"),
+    "bus": (
+        [f"{TOOLS}/bench_bus.py", "--count", "4000", "--response-tokens", "512", "--rounds", "9"],
+        "--json",
+    ),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
-    "interference": ([f"{TOOLS}/bench_interference.py", "--rounds", "2"], "--json"),
+    "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
 }
 
 
@@ -176,14 +179,16 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
                  f"**{res['ratio']}** = {res['asyncrl_per_s']}/s ÷ {res['raw_per_s']}/s", "≥ 0.8",
                  _verdict(res["ratio"], 0.8, True)]]  # fmt: skip
     if name == "interference":
-        what = "P1's hardware ceiling: rate beside the other process ÷ alone (no link between them)"
+        what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:
             return [["P1 ceiling", what, "", "— (context for P1)", ""]]
-        rs = res["rounds"]
-        ratios = {k: ", ".join(str(r[f"{k}_ratio"]) for r in rs) for k in ("rollout", "trainer")}
-        med = {k: round(res[f"{k}_beside_over_alone"], 3) for k in ("rollout", "trainer")}
-        got = (f"median rollout **{med['rollout']}** (rounds {ratios['rollout']}), "
-               f"trainer **{med['trainer']}** (rounds {ratios['trainer']})")  # fmt: skip
+        if "rollout_tokens_on_over_off" not in res:  # a run of the earlier, phase-by-phase script
+            return [["P1 ceiling", what, "(stored run predates the on/off method: rerun)", "—", "—"]]
+        clean = "" if res["trainer_steps_only_when_on"] else "; **trainer steps seen in an off window**"
+        pairs = ", ".join(map(str, res["pairs_tokens"]))
+        got = (f"tokens **{res['rollout_tokens_on_over_off']}** (pairs {pairs}), "
+               f"samples {res['rollout_samples_on_over_off']}; {res['pairs']} on/off pairs of "
+               f"{res['window_s']} s{clean}")  # fmt: skip
         return [["P1 ceiling", what, got, "— (context for P1)", "—"]]
     if not res:
         return [

@@ -123,7 +123,7 @@ class PlanWatcher:
         self._wanted.set()
 
     def _run(self) -> None:
-        while True:
+        while not self._closed.is_set():  # checked after every hand-over: that clears ``_wanted``
             self._wanted.wait()
             if self._closed.is_set():
                 return

@@ -74,13 +74,16 @@ def _read(path: str) -> str:
 
 
 def commit() -> str:
-    """HEAD of the checkout the benchmark ran from, "+dirty" when it had uncommitted changes."""
+    """HEAD of the checkout the benchmark ran from, "+dirty" when it had uncommitted changes (the
+    stored results and the report itself do not count: an earlier script of the same run writes them)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    outputs = (":!benchmarks", ":!BENCHMARKS.md")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *outputs)
+    return head + ("+dirty" if changed else "")
 
 
 def run_one(name: str, results: pathlib.Path, timeout: float) -> dict[str, Any]:
@@ -228,7 +231,7 @@ def token_rows(res: dict[str, Any]) -> list[list[str]]:
             [f"P1 tokens ({label})",
              f"context: generated tokens/s, async with `kvCacheOnUpdate: {label}` ÷ rollout-only "
              "(the rollout is the bound in every round)",
-             f"median **{statistics.median(ratios)}** ({', '.join(map(str, ratios))})", "—", "—"]
+             f"median **{round(statistics.median(ratios), 3)}** ({', '.join(map(str, ratios))})", "—", "—"]
         )  # fmt: skip
     return out
 

@@ -335,9 +335,14 @@ def modes_details(res: dict[str, Any]) -> list[str]:
             )
         rows.append((f"round {i}: (a{i + 1}) rollout-only, produced", r["rollout_only_next"]))  # fmt: skip
     for label, phase in rows:
-        detail = ", ".join(f"{k} {v}" for k, v in phase.items() if k not in ("per_s", "rollout_cpu"))
+        shown = ("per_s", "rollout_cpu", "trainer_cpu")
+        detail = ", ".join(f"{k} {v}" for k, v in phase.items() if k not in shown)
         if phase.get("rollout_cpu"):
             detail += "; " + core_use(phase["rollout_cpu"])
+        if phase.get("trainer_cpu"):  # the trainer's process group and its core (driver, nats-server too)
+            t = phase["trainer_cpu"]
+            detail += (f"; trainer core: trainer {t['session_fraction']:.1%}, "
+                       f"busy {t.get('core_busy_fraction', 0):.1%}")  # fmt: skip
         out.append(f"| {label} | {phase['per_s']} | {detail} |")
     return out
 

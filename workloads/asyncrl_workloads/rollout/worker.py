@@ -9,13 +9,13 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
   with ``n`` samples; every sample becomes one ``Trajectory`` (token ids, processed behaviour
   logprobs, the policy version of every token, reward) published to the bus.
 - **control**: waits for plans (``PlanWatcher`` polls the rendezvous from a thread of its own, so
-  the event loop, which also runs vLLM's front end, wakes only when something changed); for a
-  plan that includes this replica it runs
-  the weight-update round (``rollout/update.py``: with gloo the weights are received while still
-  generating and the engine pauses only to reload). With ``partialRollout: true`` in-flight
-  requests are frozen across the reload and continue under the new weights (their tokens then
-  carry several versions); with ``false`` admission stops and in-flight groups finish first. A
-  round that leaves the engine unusable stops the replica (the pod restarts).
+  the event loop, which also runs vLLM's front end, wakes only when something changed); for a plan
+  that includes this replica it runs the weight-update round (``rollout/update.py``: with gloo the
+  weights are received while still generating and the engine pauses only to reload). With
+  ``partialRollout: true`` in-flight requests are frozen across the reload and continue under the
+  new weights (their tokens then carry several versions); with ``false`` admission stops and
+  in-flight groups finish first. A round that leaves the engine unusable stops the replica (the pod
+  restarts).
 
 How many groups a replica may start (the same rule in sync, one-step-off and async modes) is
 decided by ``rollout/admission.py``.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch.distributed as dist
@@ -106,3 +108,34 @@ def test_close_during_a_poll_ends_the_thread_once_the_poll_returns() -> None:
     watcher.close()  # the connect still has up to a second to fail
     watcher._thread.join(15)
     assert not watcher._thread.is_alive()
+
+
+EXIT_DURING_A_CONNECT = """
+import asyncio, sys
+from asyncrl_workloads.rollout import worker
+from asyncrl_workloads.weightsync import replica
+
+async def main() -> None:
+    link = replica.ReplicaLink("127.0.0.1", int(sys.argv[1]), 0, connect_timeout=3.0)
+    watcher = worker.PlanWatcher(link, 0.01)
+    try:
+        await asyncio.wait_for(watcher.next(0), 0.5)  # the watcher is now inside a 3 s store connect
+    except TimeoutError:
+        pass
+    await watcher.aclose(timeout=10)
+
+asyncio.run(main())
+"""
+
+
+def test_a_rollout_that_stops_during_a_store_connect_exits_cleanly() -> None:
+    """Leaving the interpreter while the watcher's thread is inside torch's TCPStore connect aborts
+    the process ("terminate called without an active exception"): ``aclose`` waits it out."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_DURING_A_CONNECT, str(port)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr

@@ -118,9 +118,18 @@ class PlanWatcher:
         return await future
 
     def close(self) -> None:
-        """Stop peeking. Does not wait: the thread may be inside a store connect (seconds)."""
+        """Stop peeking. Does not wait: the thread may be inside a store call (seconds); see aclose."""
         self._closed.set()
         self._wanted.set()
+
+    async def aclose(self, timeout: float) -> None:
+        """Stop peeking and wait, off the event loop, until the thread has left any store call. A
+        thread still inside torch's TCPStore (C++) when the interpreter exits aborts the process
+        ("terminate called without an active exception"); every store call ends within the link's
+        timeout, so ``timeout`` should exceed it."""
+        self.close()
+        if self._thread.is_alive():
+            await asyncio.to_thread(self._thread.join, timeout)
 
     def _run(self) -> None:
         while not self._closed.is_set():  # checked after every hand-over: that clears ``_wanted``
@@ -299,8 +308,8 @@ class RolloutWorker:
         watcher = PlanWatcher(link, self.s.poll_s)
         try:
             await self._follow(stop, link, watcher, updater)
-        finally:
-            watcher.close()
+        finally:  # also when cancelled: the process must not exit with the watcher in a store call
+            await watcher.aclose(timeout=2 * link.connect_timeout + 1)
 
     async def _follow(
         self,
@@ -358,8 +367,8 @@ class RolloutWorker:
         try:
             await generation
         finally:
-            # The control loop may be inside a blocking store call (a trainer that is not up yet can
-            # hold a connect for seconds): stopping does not wait for it.
+            # The control loop may be waiting for a store call (a trainer that is not up yet can hold
+            # a connect for seconds): cancelling it waits until the plan watcher has left that call.
             for task in (watch, control):
                 if task is not None:
                     task.cancel()

@@ -20,7 +20,6 @@ import contextlib
 import datetime
 import json
 import pathlib
-import socket
 import subprocess
 import sys
 import threading
@@ -31,15 +30,10 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "workloads")]
 
 import torch.distributed as dist  # noqa: E402
+from asyncrl_workloads.local.process import free_port  # noqa: E402
 from asyncrl_workloads.weightsync import rendezvous  # noqa: E402
 
 PERIOD_S = 0.02
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def run(kind: str, seconds: float, peek: Callable[[], int], wait: Callable[[], None]) -> float:

@@ -77,7 +77,7 @@ class Stats:
 
 
 class PlanWatcher:
-    """Polls the trainer's rendezvous every ``period_s`` from a daemon thread and hands the control
+    """Polls the trainer's rendezvous every ``period_s`` from a thread of its own and hands the control
     loop only what it must act on: a new plan, a (re)connection (``link.epoch`` differs from the
     epoch the engine workers are connected at), or a failure (``TrainerUnreachable`` included).
 
@@ -97,7 +97,7 @@ class PlanWatcher:
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[base.Plan | None]] | None = None
         self._engine_epoch = 0
         self._kept: tuple[base.Plan | None, BaseException | None] | None = None
-        self._thread = threading.Thread(target=self._run, name="asyncrl-plan-watcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="asyncrl-plan-watcher", daemon=False)
 
     async def next(self, engine_epoch: int) -> base.Plan | None:
         """The next plan not seen yet; None when only the connection changed (see the class)."""
@@ -118,18 +118,13 @@ class PlanWatcher:
         return await future
 
     def close(self) -> None:
-        """Stop peeking. Does not wait: the thread may be inside a store call (seconds); see aclose."""
+        """Stop peeking. Does not wait: the thread may be inside a store call (seconds). It is not a
+        daemon, so the interpreter waits for it at exit (meanwhile the engine shuts down): a thread
+        still inside torch's TCPStore (C++) when the interpreter finalises aborts the process
+        ("terminate called without an active exception"). Every store call ends within the link's
+        timeout."""
         self._closed.set()
         self._wanted.set()
-
-    async def aclose(self, timeout: float) -> None:
-        """Stop peeking and wait, off the event loop, until the thread has left any store call. A
-        thread still inside torch's TCPStore (C++) when the interpreter exits aborts the process
-        ("terminate called without an active exception"); every store call ends within the link's
-        timeout, so ``timeout`` should exceed it."""
-        self.close()
-        if self._thread.is_alive():
-            await asyncio.to_thread(self._thread.join, timeout)
 
     def _run(self) -> None:
         while not self._closed.is_set():  # checked after every hand-over: that clears ``_wanted``
@@ -308,8 +303,8 @@ class RolloutWorker:
         watcher = PlanWatcher(link, self.s.poll_s)
         try:
             await self._follow(stop, link, watcher, updater)
-        finally:  # also when cancelled: the process must not exit with the watcher in a store call
-            await watcher.aclose(timeout=2 * link.connect_timeout + 1)
+        finally:  # also when cancelled
+            watcher.close()
 
     async def _follow(
         self,
@@ -367,8 +362,9 @@ class RolloutWorker:
         try:
             await generation
         finally:
-            # The control loop may be waiting for a store call (a trainer that is not up yet can hold
-            # a connect for seconds): cancelling it waits until the plan watcher has left that call.
+            # The plan watcher may be inside a store call (a trainer that is gone or not up yet holds
+            # a connect for seconds): cancelling the control loop closes it without waiting; the
+            # interpreter joins its thread at exit, while the engine shuts down.
             for task in (watch, control):
                 if task is not None:
                     task.cancel()

@@ -118,6 +118,29 @@ def test_a_republished_trajectory_is_stored_once(nats_server):
     assert stored == 2
 
 
+def test_a_publish_stored_by_another_stream_is_an_error_and_carries_only_the_dedup_header(nats_server):
+    """The publisher checks the stream named in the ack (it sends no Nats-Expected-Stream header)."""
+
+    async def scenario():
+        settings = jetstream.StreamSettings("test", "foreign", max_size=10)
+        nc, js = await _connect(nats_server.url)
+        await js.add_stream(name="SOMEONE_ELSE", subjects=[settings.subject])
+        pub = jetstream.Publisher(js, settings)
+        with pytest.raises(jetstream.WrongStream, match="SOMEONE_ELSE") as caught:
+            await pub.publish(make(1))
+        await js.delete_stream("SOMEONE_ELSE")
+        ours = jetstream.StreamSettings("test", "headers", max_size=10)
+        await jetstream.ensure_stream(js, ours)
+        assert await jetstream.Publisher(js, ours).publish(make(2))
+        stored = await js.get_msg(ours.stream, seq=1)
+        await nc.close()
+        return str(caught.value), stored.headers
+
+    message, headers = asyncio.run(scenario())
+    assert jetstream.StreamSettings("test", "foreign", max_size=10).stream in message
+    assert headers == {"Nats-Msg-Id": trajectory.trajectory_id("bus", 0, "2", 0)}
+
+
 def test_a_straggler_published_while_a_batch_waits_goes_into_that_batch_oldest_first(nats_server, tmp_path):
     """Four groups of version 3 are pulled; a step takes two and two stay held (a full batch). Then a
     group that was started at version 1 finishes. The next step takes it (the short sweep pulls it, the

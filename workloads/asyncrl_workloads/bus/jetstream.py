@@ -87,6 +87,10 @@ def _is_full(exc: nats.js.errors.APIError) -> bool:
     return exc.err_code == _JS_STREAM_FULL or "maximum messages" in str(exc.description or "")
 
 
+class WrongStream(RuntimeError):
+    """A publish was stored by a stream other than the job's: some other stream captures its subject."""
+
+
 class Publisher:
     """Publishes trajectories; with whenFull block, waits (backing off) until the stream has room."""
 
@@ -110,12 +114,9 @@ class Publisher:
         delay = 0.01
         while True:
             try:
-                ack = await self._js.publish(
-                    self._settings.subject,
-                    data,
-                    stream=self._settings.stream,
-                    headers={"Nats-Msg-Id": traj.id},
-                )
+                # No `stream=`: nats-py would send it as a second header (Nats-Expected-Stream) that
+                # every consumer fetch parses again; the ack names the stream, checked below instead.
+                ack = await self._js.publish(self._settings.subject, data, headers={"Nats-Msg-Id": traj.id})
                 break
             except nats.js.errors.APIError as exc:
                 if self._settings.when_full != "block" or not _is_full(exc):
@@ -127,6 +128,11 @@ class Publisher:
                 self._metrics.publish_blocked_seconds.inc(delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._max_backoff_s)
+        if ack.stream != self._settings.stream:
+            raise WrongStream(
+                f"subject {self._settings.subject}: stored by stream {ack.stream!r}, not the job's stream "
+                f"{self._settings.stream!r} (another stream captures this subject)"
+            )
         if ack.duplicate:
             return False
         if self._metrics is not None:

@@ -133,8 +133,9 @@ class Trajectory:
         return traj
 
     def _set(self, *values: Any) -> None:
-        for field, value in zip(_FIELDS, values, strict=True):
-            object.__setattr__(self, field, value)
+        # Straight into the instance dict (a frozen dataclass without slots): one C call instead of an
+        # object.__setattr__ per field, on every message the trainer decodes.
+        self.__dict__.update(zip(_FIELDS, values, strict=True))
         validate(self)
 
     def __getstate__(self) -> dict[str, Any]:  # pickled (trainer ranks) without the cached lists

@@ -46,6 +46,15 @@ def test_core_busy_seconds_grows_while_a_pinned_process_spins() -> None:
     assert procfs.core_busy_seconds(core) - before >= 0.4
 
 
+def test_core_steal_is_the_eighth_column_of_the_cores_stat_line() -> None:
+    core = min(os.sched_getaffinity(0))
+    line = next(x for x in open("/proc/stat").read().splitlines() if x.startswith(f"cpu{core} "))
+    # user nice system idle iowait irq softirq steal: steal only moves forward between two reads
+    expected = int(line.split()[8]) / os.sysconf("SC_CLK_TCK")
+    assert expected <= procfs.core_steal_seconds(core) <= expected + 1.0
+    assert procfs.core_steal_seconds(core) <= procfs.core_busy_seconds(core)  # steal is counted as busy
+
+
 def test_thread_affinity_reads_back_a_pinned_processs_mask() -> None:
     core = max(os.sched_getaffinity(0))
     p = subprocess.Popen(

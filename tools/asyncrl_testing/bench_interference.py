@@ -2,6 +2,8 @@
 the ceiling this machine puts on P1 before any asyncrl code couples the two.
 
     .venv/bin/python tools/asyncrl_testing/bench_interference.py --json /tmp/intf.json     # ~5 min
+    .venv/bin/python tools/asyncrl_testing/bench_interference.py --coupled --pairs 8 --window 30 \
+        --settle 3 --json /tmp/p1-paired.json                                              # ~10 min
 
 P1 divides the async rate by a rollout-only rate measured with the other core idle. In the async
 phase both cores are busy: if they share anything (caches, memory bandwidth, a power budget), the
@@ -25,6 +27,19 @@ steps per window are reported: every "on" window must have some, every "off" win
 An earlier version of this script ran the rollout alone and beside a trainer in separate phases;
 host drift between phases (±10%) and a trainer whose pre-filled queue ran dry mid-window made it
 inconclusive (benchmarks/NOTES.md).
+
+``--coupled``: P1 itself with windows paired in time. One real async job (rollout and trainer of the
+same job: its stream, its weight-sync group, a sync every step), and the switch is the trainer's
+JetStream consumer, paused and resumed (``pause_consumer``, nats-server 2.11+): paused, the trainer
+gets no samples, takes no step and broadcasts nothing, while its process (and the store the rollout
+polls) stays up, so the rollout runs as in rollout-only (the stream takes what it publishes); resumed,
+the trainer trains on what the rollout produces and every step's weights go to the rollout, which
+pauses to reload them and (``kvCacheOnUpdate: recompute``) prefills its in-flight requests again.
+On/off is then async ÷ rollout-only for the same process minutes apart, the way P1 divides them
+(the trainer, ~3x faster here, is never the bound). maxStaleness is 1024, so the admission bound never
+closes in an off window (in bench_modes' async phases, with 2, it never closed either). The trainer
+would catch up the backlog of each off window at ~3x the steady rate of syncs, a bias against
+async: switching on purges the stream first (``consumer_switch``); syncs per second are reported.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import pathlib
@@ -41,13 +57,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent)]
 
 import bench_modes as bm  # noqa: E402
 
-SCRAPED = (bm.PRODUCED, bm.TOKENS)
+SCRAPED = (bm.PRODUCED, bm.TOKENS, bm.PAUSE_COUNT, bm.PAUSE_SUM)
 
 
 def prefill(url: str, job: str, groups: int, n: int, max_tokens: int, seed: int = 0) -> int:
@@ -83,31 +100,77 @@ def prefill(url: str, job: str, groups: int, n: int, max_tokens: int, seed: int 
     return asyncio.run(go())
 
 
-def toggled(bench: bm.Bench, pairs: int, window: float, settle: float) -> dict[str, Any]:
-    rjob, tjob = "intf-rollout", "intf-trainer"
-    groups = int(pairs * (window + settle) * 130 / 8) + 64  # > 130 samples/s of training, every on window
-    published = prefill(bench.url, tjob, groups, 8, bench.a.max_tokens)
+def consumer_switch(url: str, job: str) -> Callable[[bool], None]:
+    """Resume (True) or pause (False) the trainer's JetStream consumer of ``job``'s stream.
+
+    Resuming first purges what the stream took while paused: the trainer starts again from fresh
+    samples at the rate they come, as in steady async, instead of catching up a backlog at ~3 steps
+    (and syncs) per step's worth of rollout time. Samples it had pulled before the pause it still
+    trains; their acks then name deleted messages, which the server ignores."""
+    import nats
+    from asyncrl_workloads.bus import jetstream, subjects
+
+    stream = jetstream.StreamSettings(bm.NS, job, max_size=1).stream
+
+    async def go(on: bool) -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        if on:
+            await js.purge_stream(stream)
+            await js.resume_consumer(stream, subjects.TRAINER_CONSUMER)
+        else:
+            until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)
+            await js.pause_consumer(stream, subjects.TRAINER_CONSUMER, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        await nc.close()
+
+    return lambda on: asyncio.run(go(on))
+
+
+def toggled(bench: bm.Bench, pairs: int, window: float, settle: float, coupled: bool) -> dict[str, Any]:
+    rjob, tjob = ("intf-async", "intf-async") if coupled else ("intf-rollout", "intf-trainer")
+    published = 0
+    if not coupled:
+        groups = int(pairs * (window + settle) * 130 / 8) + 64  # > 130 samples/s of training, every on window
+        published = prefill(bench.url, tjob, groups, 8, bench.a.max_tokens)
     rcfg, rport = bench.config(rjob, "async", 1024), bench.port()
-    tcfg, tport = bench.config(tjob, "async", 1024), bench.port()
+    tcfg, tport = (rcfg if coupled else bench.config(tjob, "async", 1024)), bench.port()
     log = bench.work / "intf-trainer-steps.jsonl"
+    trainer_args = ("intf-trainer", "asyncrl_workloads.entrypoints.trainer", tcfg, bench.work,
+                    bm.trainer_env(bench.work, "intf-trainer", tport), bench.tcore)  # fmt: skip
+    procs: list[bm.Proc] = [bm.Proc(*trainer_args)] if coupled else []  # it hosts the weight-sync store
     roll = bm.Proc("intf-rollout", "asyncrl_workloads.entrypoints.rollout", rcfg, bench.work,
                    bm.rollout_env(rport), bench.rcore)  # fmt: skip
-    procs, windows = [roll], []
+    procs.append(roll)
+    windows: list[dict[str, Any]] = []
+
+    def steal() -> float:  # a virtual machine's rate can change with what its host runs
+        return bm.procfs.core_steal_seconds(bench.rcore) if bench.rcore is not None else 0.0
+
     try:
         bm.wait_until(lambda: bm.scrape_ok(rport, bm.PRODUCED) > 0, procs, 300, "the first produced sample")
-        tr = bm.Proc("intf-trainer", "asyncrl_workloads.entrypoints.trainer", tcfg, bench.work,
-                     bm.trainer_env(bench.work, "intf-trainer", tport), bench.tcore)  # fmt: skip
-        procs.append(tr)
+        if not coupled:
+            procs.append(bm.Proc(*trainer_args))
+        tr = procs[0] if coupled else procs[-1]
         bm.wait_until(lambda: len(bm.read_steps(log)) >= 2, procs, 300, "the trainer's second step")
         bench.affinity["intf-rollout"], bench.affinity["intf-trainer"] = roll.affinity(), tr.affinity()
+        if coupled:
+            switch = consumer_switch(bench.url, tjob)
+        else:
+
+            def switch(on: bool) -> None:
+                os.killpg(tr.p.pid, signal.SIGCONT if on else signal.SIGSTOP)
+
+        state = True
         for i in range(pairs):
             for on in (True, False) if i % 2 == 0 else (False, True):
-                os.killpg(tr.p.pid, signal.SIGCONT if on else signal.SIGSTOP)
+                if on != state:  # ABBA: an on window may follow an on window
+                    switch(on)
+                    state = on
                 time.sleep(settle)
                 for p in procs:
                     p.check()
                 steps0, m0, t0 = len(bm.read_steps(log)), bm.scrape(rport, SCRAPED), time.monotonic()
-                use = bm.CoreUse(tr, bench.tcore)
+                use, steal0 = bm.CoreUse(tr, bench.tcore), steal()
                 time.sleep(window)
                 steps1, m1, t1 = len(bm.read_steps(log)), bm.scrape(rport, SCRAPED), time.monotonic()
                 windows.append({
@@ -115,9 +178,13 @@ def toggled(bench: bm.Bench, pairs: int, window: float, settle: float) -> dict[s
                     "trainer_core_share": use.result()["session_fraction"],
                     "tokens_per_s": round((m1[bm.TOKENS] - m0[bm.TOKENS]) / (t1 - t0), 1),
                     "samples_per_s": round((m1[bm.PRODUCED] - m0[bm.PRODUCED]) / (t1 - t0), 2),
+                    "syncs_per_s": round((m1[bm.PAUSE_COUNT] - m0[bm.PAUSE_COUNT]) / (t1 - t0), 3),
+                    "pause_s": round(m1[bm.PAUSE_SUM] - m0[bm.PAUSE_SUM], 3),
+                    "rollout_core_steal": round((steal() - steal0) / (t1 - t0), 4),
                 })  # fmt: skip
                 print(json.dumps(windows[-1]), flush=True)
-        os.killpg(tr.p.pid, signal.SIGCONT)
+        if not state:
+            switch(True)
         queue_left = bm.read_steps(log)[-1]["counters"]["queue_depth"]
     finally:
         for p in reversed(procs):
@@ -148,6 +215,10 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=8, help="on/off pairs of windows")
     parser.add_argument("--window", type=float, default=12.0, help="seconds measured per window")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds after each switch")
+    parser.add_argument(
+        "--coupled", action="store_true",
+        help="P1 paired in time: one async job, its trainer's consumer paused/resumed (module docstring)",
+    )  # fmt: skip
     parser.add_argument("--rollout-core", type=int, default=1)
     parser.add_argument("--trainer-core", type=int, default=0)
     parser.add_argument("--json", type=pathlib.Path, help="write the result object here")
@@ -173,9 +244,12 @@ def main() -> int:
         t_begin = time.monotonic()
         with natsserver.start(store_dir=work / "nats", log_path=work / "nats.log") as server:
             bench = bm.Bench(args, work, model, server.url, pin)
-            measured = toggled(bench, args.pairs, args.window, args.settle)
+            measured = toggled(bench, args.pairs, args.window, args.settle, args.coupled)
     result = {
-        "benchmark": "rollout slowed by a training trainer beside it (hardware only)",
+        "benchmark": "P1 paired: async ÷ rollout-only, one async job, trainer consumer on/off"
+        if args.coupled
+        else "rollout slowed by a training trainer beside it (hardware only)",
+        "coupled": args.coupled,
         **measured,
         "pairs": args.pairs, "window_s": args.window, "settle_s": args.settle,
         "pinning": bm.pin_verdict(pin, why, bench.affinity, args.rollout_core, args.trainer_core),

@@ -43,6 +43,11 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     ),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
+    # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed
+    "paired": (
+        [f"{TOOLS}/bench_interference.py", "--coupled", "--pairs", "12", "--window", "30", "--settle", "3"],
+        "--json",
+    ),
 }
 
 
@@ -181,6 +186,20 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         return [["P4", f"bus ÷ raw nats-py, publish+fetch+ack, {res['payload_bytes']} B",
                  f"**{res['ratio']}** = {res['asyncrl_per_s']}/s ÷ {res['raw_per_s']}/s", "≥ 0.8",
                  _verdict(res["ratio"], 0.8, True)]]  # fmt: skip
+    if name == "paired":
+        what = ("P1 paired in time: one async job's rollout rate with its trainer training and syncing "
+                "weights every step ÷ with the trainer's consumer paused (rollout-only), `kvCacheOnUpdate: "
+                "recompute`")  # fmt: skip
+        if not res:
+            return [["P1 paired", what, "", "≥ 0.95", ""]]
+        clean = "" if res["trainer_steps_only_when_on"] else "; **trainer steps seen in an off window**"
+        on = [w for w in res["windows"] if w["trainer"] == "on"]
+        syncs = round(statistics.median(w["syncs_per_s"] for w in on), 3)
+        tokens, samples = (", ".join(map(str, res[k])) for k in ("pairs_tokens", "pairs_samples"))
+        got = (f"tokens **{res['rollout_tokens_on_over_off']}** (pairs {tokens}), "
+               f"samples **{res['rollout_samples_on_over_off']}** (pairs {samples}); {res['pairs']} on/off "
+               f"pairs of {res['window_s']} s, median {syncs} syncs/s in on windows{clean}")  # fmt: skip
+        return [["P1 paired", what, got, "≥ 0.95", _verdict(res["rollout_samples_on_over_off"], 0.95, True)]]
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:

@@ -59,13 +59,23 @@ def session_thread_cpu(session: int) -> dict[str, float]:
     return out
 
 
-def core_busy_seconds(core: int) -> float:
-    """Non-idle time of one CPU since boot (/proc/stat: all but idle and iowait)."""
+def _core_ticks(core: int) -> list[int]:
+    """One CPU's /proc/stat line: user nice system idle iowait irq softirq steal ... (ticks)."""
     for line in pathlib.Path("/proc/stat").read_text().splitlines():
         if line.startswith(f"cpu{core} "):
-            ticks = [int(x) for x in line.split()[1:]]
-            return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+            return [int(x) for x in line.split()[1:]]
     raise ValueError(f"no cpu{core} in /proc/stat")
+
+
+def core_busy_seconds(core: int) -> float:
+    """Non-idle time of one CPU since boot (/proc/stat: all but idle and iowait)."""
+    ticks = _core_ticks(core)
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def core_steal_seconds(core: int) -> float:
+    """Time the hypervisor ran something else while this virtual CPU wanted to run (since boot)."""
+    return _core_ticks(core)[7] / os.sysconf("SC_CLK_TCK")
 
 
 def thread_affinity(pid: int | str) -> list[str]:

@@ -4,11 +4,14 @@ the trainer hosts it, through a real ``ReplicaLink``: what the control loop is w
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 import torch.distributed as dist
+from asyncrl_testing import netfaults
 from asyncrl_workloads.local import process
 from asyncrl_workloads.rollout import worker
 from asyncrl_workloads.weightsync import base, rendezvous, replica
@@ -95,23 +98,31 @@ def test_close_ends_the_thread(store: dist.TCPStore) -> None:
 
 
 def test_close_during_a_poll_ends_the_thread_once_the_poll_returns() -> None:
-    """The control loop is cancelled (the rollout stops) while the watcher is inside a store connect."""
-    port = process.free_port()  # nobody listens on it
-    link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=1.0)
+    """The control loop is cancelled (the rollout stops) while the watcher is inside a store connect
+    that takes seconds to fail."""
+    link = replica.ReplicaLink("127.0.0.1", netfaults.slamming_door(), replica=0, connect_timeout=1.0)
     watcher = worker.PlanWatcher(link, period_s=0.01)
     with pytest.raises(TimeoutError):
         asyncio.run(asyncio.wait_for(watcher.next(0), 0.1))
-    watcher.close()  # the connect still has up to a second to fail
-    watcher._thread.join(15)
+    watcher.close()  # the connect still has a few seconds to fail
+    watcher._thread.join(30)
     assert not watcher._thread.is_alive()
 
 
+def test_a_trainer_that_is_gone_is_reported_at_once_not_after_c10ds_retries() -> None:
+    """Nothing listens: the probe is refused (an OSError) before c10d's client would retry for the
+    whole timeout and again after a random back-off (9-13 s for 5 s)."""
+    with pytest.raises(ConnectionRefusedError):
+        rendezvous.connect_store("127.0.0.1", process.free_port(), timeout=30.0)
+
+
 EXIT_DURING_A_CONNECT = """
-import asyncio, atexit, sys
+import asyncio, atexit
+from asyncrl_testing import netfaults
 from asyncrl_workloads.rollout import worker
 from asyncrl_workloads.weightsync import replica
 
-link = replica.ReplicaLink("127.0.0.1", int(sys.argv[1]), 0, connect_timeout=3.0)
+link = replica.ReplicaLink("127.0.0.1", netfaults.slamming_door(), 0, connect_timeout=3.0)
 watcher = worker.PlanWatcher(link, 0.01)
 # atexit runs after the interpreter has joined its non-daemon threads, before it finalises
 atexit.register(lambda: print("watcher alive at exit:", watcher._thread.is_alive()))
@@ -131,9 +142,10 @@ def test_a_rollout_that_stops_during_a_store_connect_exits_cleanly() -> None:
     """A watcher thread still inside torch's TCPStore connect when the interpreter finalises aborts
     the process ("terminate called without an active exception", seen in CI): the interpreter must
     wait for the thread to leave the call."""
-    port = process.free_port()  # nobody listens on it
+    tools = str(pathlib.Path(netfaults.__file__).parents[1])  # asyncrl_testing is not installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tools, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
-        [sys.executable, "-c", EXIT_DURING_A_CONNECT, str(port)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", EXIT_DURING_A_CONNECT], capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "watcher alive at exit: False" in done.stdout

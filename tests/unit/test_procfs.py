@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -48,7 +49,8 @@ def test_core_busy_seconds_grows_while_a_pinned_process_spins() -> None:
 
 def test_core_steal_is_the_eighth_column_of_the_cores_stat_line() -> None:
     core = min(os.sched_getaffinity(0))
-    line = next(x for x in open("/proc/stat").read().splitlines() if x.startswith(f"cpu{core} "))
+    stat = pathlib.Path("/proc/stat").read_text().splitlines()
+    line = next(x for x in stat if x.startswith(f"cpu{core} "))
     # user nice system idle iowait irq softirq steal: steal only moves forward between two reads
     expected = int(line.split()[8]) / os.sysconf("SC_CLK_TCK")
     assert expected <= procfs.core_steal_seconds(core) <= expected + 1.0

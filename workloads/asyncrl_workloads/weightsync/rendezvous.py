@@ -9,6 +9,7 @@ Only torch; no vLLM import, so the trainer never loads vLLM.
 from __future__ import annotations
 
 import datetime
+import socket
 import time
 from collections.abc import Iterable, Sequence
 
@@ -75,7 +76,15 @@ def host_store(port: int, timeout: float) -> dist.TCPStore:
 
 
 def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
-    """A rollout process: connect to the trainer's store (retries until ``timeout``)."""
+    """A rollout process: connect to the trainer's store.
+
+    A plain TCP connect first: where nothing listens (the trainer has stopped, or is not up yet) it is
+    refused in a millisecond and raises ``OSError``, where c10d's client retries a refused connect
+    until ``timeout`` and then again after a random back-off (9-13 s for a 5 s timeout, with a C++
+    stack trace logged per try). A rollout stopping while its plan watcher sat in such a connect
+    waited for it: its stop took ~15 s, the local runner's whole grace. The store server drops the
+    probe's connection quietly."""
+    socket.create_connection((host, port), timeout=timeout).close()
     return dist.TCPStore(
         host,
         port,

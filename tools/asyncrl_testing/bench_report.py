@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -122,6 +123,22 @@ def _verdict(value: float | None, goal: float, higher_is_better: bool) -> str:
     return "**pass**" if ok else "**miss**"
 
 
+def median_ci(values: list[float], draws: int = 20000) -> tuple[float, float]:
+    """95% bootstrap interval of the median of ``values`` (resampled with replacement; fixed seed,
+    so a stored run always renders the same interval)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return round(meds[int(0.025 * draws)], 3), round(meds[int(0.975 * draws) - 1], 3)
+
+
+def _verdict_ci(values: list[float], goal: float) -> tuple[str, str]:
+    """(interval text, verdict) for a median of paired ratios against a lower bound ``goal``:
+    pass or miss only when the whole 95% interval is on one side of it."""
+    lo, hi = median_ci(values)
+    verdict = "**pass**" if lo >= goal else "**miss**" if hi < goal else "**inconclusive**"
+    return f"95% interval of the median {lo}–{hi}", verdict
+
+
 def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
     """Table rows [id, what, measured, goal, verdict] for one stored run."""
     res = rec.get("result") if rec else None
@@ -135,21 +152,23 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
             each = ", ".join(str(r["p1"]) for r in rs)
             c = round(statistics.median(r["async"]["per_s"] for r in rs), 2)
             kv = res["settings"].get("kv_cache_on_update", "recompute")
+            interval, verdict = _verdict_ci([r["p1"] for r in rs], 0.95)
             rows = [
                 ["P1", f"async ÷ min(rollout-only, trainer-only), samples/s (`kvCacheOnUpdate: {kv}`)",
                  f"**{res['p1']}** = median of {len(rs)} interleaved rounds ({each}); "
-                 "round i = c_i ÷ min(mean(a_i, a_i+1), b_i)", "≥ 0.95", _verdict(res["p1"], 0.95, True)],
+                 f"round i = c_i ÷ min(mean(a_i, a_i+1), b_i); {interval}", "≥ 0.95", verdict],
             ]  # fmt: skip
             alt = res.get("compare_kv") or {}
             if alt:
                 each = ", ".join(str(r["p1_alt"]) for r in rs)
                 ratio = ", ".join(str(r["alt_over_async"]) for r in rs)
+                interval, verdict = _verdict_ci([r["p1_alt"] for r in rs], 0.95)
                 rows.append(
                     [f"P1 {alt['kv_cache_on_update']}",
                      f"the same with `kvCacheOnUpdate: {alt['kv_cache_on_update']}`, run in every round "
                      f"right after (c_i) against the same bound", f"**{alt['p1']}** = median of "
-                     f"({each}); k_i ÷ c_i median {alt['over_async']} ({ratio})", "≥ 0.95",
-                     _verdict(alt["p1"], 0.95, True)]
+                     f"({each}); {interval}; k_i ÷ c_i median {alt['over_async']} ({ratio})", "≥ 0.95",
+                     verdict]
                 )  # fmt: skip
             rows += token_rows(res)
             if "sync" in ph:
@@ -183,9 +202,11 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
     if name == "bus":
         if not res:
             return [["P4", "bus trajectories/s ÷ raw nats-py", "", "≥ 0.8", ""]]
+        interval, verdict = _verdict_ci(res["ratios"], 0.8)
         return [["P4", f"bus ÷ raw nats-py, publish+fetch+ack, {res['payload_bytes']} B",
-                 f"**{res['ratio']}** = {res['asyncrl_per_s']}/s ÷ {res['raw_per_s']}/s", "≥ 0.8",
-                 _verdict(res["ratio"], 0.8, True)]]  # fmt: skip
+                 f"**{res['ratio']}** = median of {len(res['ratios'])} paired rounds "
+                 f"({', '.join(map(str, res['ratios']))}; {interval}); medians {res['asyncrl_per_s']}/s "
+                 f"and {res['raw_per_s']}/s", "≥ 0.8", verdict]]  # fmt: skip
     if name == "paired":
         what = ("P1 paired in time: one async job's rollout rate with its trainer training and syncing "
                 "weights every step ÷ with the trainer's consumer paused (rollout-only), `kvCacheOnUpdate: "
@@ -196,10 +217,13 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         on = [w for w in res["windows"] if w["trainer"] == "on"]
         syncs = round(statistics.median(w["syncs_per_s"] for w in on), 3)
         tokens, samples = (", ".join(map(str, res[k])) for k in ("pairs_tokens", "pairs_samples"))
-        got = (f"tokens **{res['rollout_tokens_on_over_off']}** (pairs {tokens}), "
-               f"samples **{res['rollout_samples_on_over_off']}** (pairs {samples}); {res['pairs']} on/off "
-               f"pairs of {res['window_s']} s, median {syncs} syncs/s in on windows{clean}")  # fmt: skip
-        return [["P1 paired", what, got, "≥ 0.95", _verdict(res["rollout_samples_on_over_off"], 0.95, True)]]
+        interval, verdict = _verdict_ci(res["pairs_samples"], 0.95)
+        tokens_interval = _verdict_ci(res["pairs_tokens"], 0.95)[0]
+        got = (f"samples **{res['rollout_samples_on_over_off']}** (pairs {samples}; {interval}), "
+               f"tokens **{res['rollout_tokens_on_over_off']}** (pairs {tokens}; {tokens_interval}); "
+               f"{res['pairs']} on/off pairs of {res['window_s']} s, median {syncs} syncs/s in on "
+               f"windows{clean}")  # fmt: skip
+        return [["P1 paired", what, got, "≥ 0.95", verdict]]
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:

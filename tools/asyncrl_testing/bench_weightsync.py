@@ -34,7 +34,6 @@ import asyncio
 import json
 import os
 import pathlib
-import socket
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("
 
 import torch  # noqa: E402
 from asyncrl_workloads import metrics, tinymodel  # noqa: E402
+from asyncrl_workloads.local.process import free_port  # noqa: E402
 from asyncrl_workloads.tasks import say_char  # noqa: E402
 from asyncrl_workloads.weightsync import replica, sender  # noqa: E402
 
@@ -51,12 +51,6 @@ SIZES = {
     "tiny": {},
     "medium": {"num_layers": 8, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1536},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: int) -> list[dict[str, Any]]:

@@ -121,8 +121,10 @@ class PlanWatcher:
         """Stop peeking. Does not wait: the thread may be inside a store call (seconds). It is not a
         daemon, so the interpreter waits for it at exit (meanwhile the engine shuts down): a thread
         still inside torch's TCPStore (C++) when the interpreter finalises aborts the process
-        ("terminate called without an active exception"). Every store call ends within the link's
-        timeout."""
+        ("terminate called without an active exception"). A store call against a trainer that is
+        gone fails at once (``rendezvous.connect_store``'s probe); against a frozen one (SIGSTOPped:
+        it accepts connections, never answers) c10d was seen to block past its timeout, and the
+        rollout's exit then waits for the trainer to resume or die."""
         self._closed.set()
         self._wanted.set()
 
@@ -362,8 +364,8 @@ class RolloutWorker:
         try:
             await generation
         finally:
-            # The plan watcher may be inside a store call (a trainer that is gone or not up yet holds
-            # a connect for seconds): cancelling the control loop closes it without waiting; the
+            # The plan watcher may be inside a store call (seconds against a store going down; see
+            # PlanWatcher.close): cancelling the control loop closes it without waiting; the
             # interpreter joins its thread at exit, while the engine shuts down.
             for task in (watch, control):
                 if task is not None:

@@ -8,6 +8,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch.distributed as dist
@@ -149,3 +151,90 @@ def test_a_rollout_that_stops_during_a_store_connect_exits_cleanly() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "watcher alive at exit: False" in done.stdout
+
+
+# ---- a trainer that is there but does not answer (SIGSTOPped; a partitioned node looks the same) ----
+FROZEN_AFTER = 1.0  # the link's timeout in these tests: every store call ends within it
+BOUND = 15.0  # what "ends" means here; c10d alone would wait until the trainer thaws (forever)
+
+TRAINER = """
+import time
+from asyncrl_workloads.weightsync import rendezvous
+store = rendezvous.host_store(0, 10)
+store.set(rendezvous.TRAINER, "trainer-1")
+print(store.port, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def trainer() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A process hosting the rendezvous store as trainer rank 0 does (it can be frozen; this one can't)."""
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield proc, int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def outcome_within(fn: Callable[[], object], bound: float) -> object:
+    """``fn()``'s result or exception, from a thread; fails if it has neither after ``bound`` seconds."""
+    box: list[object] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(bound)
+    assert box, f"still blocked after {bound} s"
+    return box[0]
+
+
+def test_a_store_that_accepts_but_never_answers_is_given_up_after_the_timeout() -> None:
+    """c10d's handshake waits for a reply with no timeout at all (measured: >60 s for a 1 s timeout)."""
+    with netfaults.deaf_listener() as port:
+        got = outcome_within(lambda: rendezvous.connect_store("127.0.0.1", port, FROZEN_AFTER), BOUND)
+    assert isinstance(got, rendezvous.StoreNotAnswering), got
+    assert f"127.0.0.1:{port}" in str(got) and "did not answer within 1 s" in str(got)
+
+
+def test_calls_on_a_frozen_trainer_fail_and_the_link_reconnects_once_it_thaws(
+    trainer: tuple[subprocess.Popen[str], int],
+) -> None:
+    proc, port = trainer
+    link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=FROZEN_AFTER)
+    assert link.poll() is None and link.epoch == 1  # connected, nothing announced
+    with netfaults.frozen(proc.pid):
+        got = outcome_within(link.poll, BOUND)  # on the connection made before the freeze
+        assert isinstance(got, replica.TrainerUnreachable), got
+        got = outcome_within(link.poll, BOUND)  # a new connection: the handshake is not answered
+        assert isinstance(got, replica.TrainerUnreachable) and "did not answer" in str(got), got
+    writer = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+    plan = announce(writer, 1, version=2)
+    assert outcome_within(link.poll, BOUND) == plan  # connected again (the old stream is dropped)
+    assert link.epoch == 2
+
+
+def test_a_watcher_polling_a_frozen_trainer_ends_when_closed(
+    trainer: tuple[subprocess.Popen[str], int],
+) -> None:
+    """The rollout stops while its trainer is frozen: the watcher thread, which the interpreter waits
+    for at exit, leaves its store call within the link's timeout instead of when the trainer thaws."""
+    proc, port = trainer
+    link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=FROZEN_AFTER)
+    watcher = worker.PlanWatcher(link, period_s=0.01)
+    asyncio.run(asyncio.wait_for(watcher.next(0), 10))
+    with netfaults.frozen(proc.pid):
+        with pytest.raises(replica.TrainerUnreachable):  # the control loop is told, and retries
+            asyncio.run(asyncio.wait_for(watcher.next(link.epoch), BOUND))
+        with pytest.raises(TimeoutError):  # asks again: the watcher is inside a store call
+            asyncio.run(asyncio.wait_for(watcher.next(link.epoch), 0.2))
+        watcher.close()
+        watcher._thread.join(BOUND)
+        assert not watcher._thread.is_alive()

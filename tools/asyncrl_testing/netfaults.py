@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import threading
+import time
+from collections.abc import Iterator
 
 
 def slamming_door() -> int:
@@ -21,3 +26,52 @@ def slamming_door() -> int:
 
     threading.Thread(target=serve, name="slamming-door", daemon=True).start()
     return int(server.getsockname()[1])
+
+
+@contextlib.contextmanager
+def deaf_listener() -> Iterator[int]:
+    """A local port whose connections are accepted and then never answered (what a frozen process
+    looks like from outside: its kernel completes the handshake and acks what is sent). The
+    connections are closed on exit, which ends any call still waiting on one."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    closing = threading.Event()
+
+    def serve() -> None:
+        while not closing.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed on exit
+                return
+            held.append(conn)
+
+    thread = threading.Thread(target=serve, name="deaf-listener", daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        closing.set()
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """SIGSTOP ``pid`` for the block, SIGCONT after (a trainer frozen by the kernel, a debugger, or a
+    node under memory pressure). Waits until the kernel reports the process stopped, since a signal
+    is delivered asynchronously: a call right after ``kill`` may still be answered."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while _state(pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _state(pid: int) -> str:
+    """The one-letter state in /proc/<pid>/stat (after the parenthesised command name)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]

@@ -122,9 +122,9 @@ class PlanWatcher:
         daemon, so the interpreter waits for it at exit (meanwhile the engine shuts down): a thread
         still inside torch's TCPStore (C++) when the interpreter finalises aborts the process
         ("terminate called without an active exception"). A store call against a trainer that is
-        gone fails at once (``rendezvous.connect_store``'s probe); against a frozen one (SIGSTOPped:
-        it accepts connections, never answers) c10d was seen to block past its timeout, and the
-        rollout's exit then waits for the trainer to resume or die."""
+        gone fails at once (``rendezvous.connect_store``'s probe); against a frozen or partitioned
+        one (it accepts, or its kernel acks, and nothing answers) it fails within the link's
+        timeout (``connect_store``'s socket timeouts), so the rollout's exit waits at most that."""
         self._closed.set()
         self._wanted.set()
 

@@ -8,10 +8,14 @@ Only torch; no vLLM import, so the trainer never loads vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import socket
+import struct
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -75,23 +79,110 @@ def host_store(port: int, timeout: float) -> dist.TCPStore:
     )
 
 
+class StoreNotAnswering(ConnectionError):
+    """The trainer's store accepted a connection but did not answer within the timeout."""
+
+
 def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
-    """A rollout process: connect to the trainer's store.
+    """A rollout process: connect to the trainer's store; every later call on it fails after at most
+    ``timeout`` seconds without an answer (``StoreNotAnswering``/c10d's "Socket Timeout").
 
     A plain TCP connect first: where nothing listens (the trainer has stopped, or is not up yet) it is
     refused in a millisecond and raises ``OSError``, where c10d's client retries a refused connect
     until ``timeout`` and then again after a random back-off (9-13 s for a 5 s timeout, with a C++
     stack trace logged per try). A rollout stopping while its plan watcher sat in such a connect
     waited for it: its stop took ~15 s, the local runner's whole grace. The store server drops the
-    probe's connection quietly."""
+    probe's connection quietly.
+
+    Why the socket timeouts: c10d's client (torch 2.13) receives every reply with a blocking
+    ``recv`` and no timeout - its ``timeout`` bounds only connecting and key waits. Against a peer
+    that accepts but never answers (a SIGSTOPped trainer; its kernel still completes handshakes and
+    acks bytes) the constructor's handshake and every ``check``/``add``/``get`` were measured to block
+    for good (>60 s for a 1 s timeout); a partitioned node does the same until TCP gives up (minutes
+    to hours). A rollout's watcher then never saw the trainer's replacement and its stop waited for
+    the kubelet's SIGKILL. So the store's socket gets ``SO_RCVTIMEO``/``SO_SNDTIMEO`` = ``timeout``
+    (c10d raises "Socket Timeout" on ``EAGAIN``; the link then drops the connection, whose byte
+    stream may hold a late reply), and while the constructor runs a watchdog shuts down the socket
+    if no answer came within ``timeout``. Linux only (``/proc/self/fd``); elsewhere calls are as
+    c10d makes them."""
     socket.create_connection((host, port), timeout=timeout).close()
-    return dist.TCPStore(
-        host,
-        port,
-        is_master=False,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout),
-    )
+    before = set(_socket_inodes())
+    built = threading.Event()
+
+    def watchdog() -> None:  # c10d may retry its handshake once shut out: every ``timeout`` again
+        while not built.wait(timeout):
+            for sock in _sockets_to(port, exclude=before):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    guard = threading.Thread(target=watchdog, name="asyncrl-store-connect-watchdog", daemon=True)
+    guard.start()
+    started = time.monotonic()
+    try:
+        store = dist.TCPStore(
+            host,
+            port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+    except RuntimeError as exc:
+        if time.monotonic() - started >= timeout:
+            raise StoreNotAnswering(
+                f"store {host}:{port} accepted the connection but did not answer within {timeout:g} s "
+                f"(a frozen or partitioned trainer?): {str(exc).splitlines()[0][:120]}"
+            ) from None
+        raise
+    finally:
+        built.set()
+    for sock in _sockets_to(port, exclude=before):
+        limit = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        sock.close()  # the duplicate only
+    return store
+
+
+def _socket_inodes() -> dict[int, int]:
+    """inode -> file descriptor of each socket this process has open ({} without ``/proc``)."""
+    found: dict[int, int] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:  # closed meanwhile (the listing's own descriptor, or another thread's)
+                continue
+            if target.startswith("socket:["):
+                found[int(target[8:-1])] = int(name)
+    return found
+
+
+def _sockets_to(port: int, exclude: Collection[int] = ()) -> list[socket.socket]:
+    """Duplicates of this process's TCP sockets connected to ``port`` whose inodes are not in
+    ``exclude``. A duplicate shares the socket (options, shutdown); closing it leaves the original."""
+    found = []
+    for inode, fd in _socket_inodes().items():
+        if inode in exclude:
+            continue
+        try:
+            dup = os.dup(fd)
+        except OSError:  # closed since the listing
+            continue
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:  # the number was reused by something else since the listing
+            os.close(dup)
+            continue
+        try:
+            peer = sock.getpeername()
+        except OSError:  # listening, or not connected
+            peer = None
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and isinstance(peer, tuple) and peer[1] == port:
+            found.append(sock)
+        else:
+            sock.close()
+    return found
 
 
 def read_int(store: dist.Store, key: str) -> int:

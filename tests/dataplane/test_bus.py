@@ -13,6 +13,7 @@ import nats
 import pytest
 from asyncrl_workloads import metrics
 from asyncrl_workloads.bus import jetstream, trajectory
+from asyncrl_workloads.local import natsserver
 from asyncrl_workloads.trainer import batcher, checkpoint, inbox, staleness
 
 pytestmark = pytest.mark.dataplane
@@ -263,3 +264,69 @@ def test_a_held_sample_discarded_by_the_server_is_not_counted_as_dropped(nats_se
     assert jetstream.queue_full_drops(while_held, acked_total=0) == 3  # naive: would count the held ones
     assert jetstream.queue_full_drops(while_held, acked_total=0, held_seqs=seqs) == 0
     assert jetstream.queue_full_drops(after, acked_total=3) == 2
+
+
+def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_twice(tmp_path):
+    """The bus's nats-server is SIGKILLed mid-stream and started again 7 s later on the same port and
+    store (a NATS pod restarted by the kubelet): longer than a JetStream request's 5 s timeout, so a
+    publish goes unanswered, its message is sent again after the reconnect, and the attempt nats-py
+    buffered meanwhile arrives too. Rollout and trainer hold their own connections, made by the
+    `jetstream.connect` their processes use."""
+    store, log = tmp_path / "nats-store", tmp_path / "nats-server.log"
+    servers = [natsserver.start(store_dir=store, log_path=log)]
+    url, port, count = servers[0].url, servers[0].port, 60
+    settings = jetstream.StreamSettings("test", "outage", max_size=1000)
+    metric = bound("outage")
+
+    async def scenario():
+        rollout_nc, trainer_nc = await jetstream.connect(url), await jetstream.connect(url)
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        consumer = jetstream.Consumer(trainer_nc.jetstream(), settings)
+        await consumer.open()
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings, metric)
+        got: list[str] = []
+
+        async def produce():
+            results = []
+            for i in range(count):
+                results.append(await pub.publish(make(i)))
+                await asyncio.sleep(0.05)
+            return results
+
+        async def consume():
+            while len(got) < count:
+                for r in await consumer.fetch(16, 0.5):
+                    got.append(r.trajectory.id)
+                    await r.msg.ack()
+
+        async def crash_and_restart():
+            await asyncio.sleep(1.0)
+            servers[0].child.process.kill()
+            servers[0].child.process.wait()
+            await asyncio.sleep(7.0)
+            restarted = await asyncio.to_thread(natsserver.start, store_dir=store, log_path=log, port=port)
+            servers.append(restarted)
+
+        outage = asyncio.create_task(crash_and_restart())
+        results, _ = await asyncio.wait_for(asyncio.gather(produce(), consume()), 120)
+        await outage
+        await trainer_nc.flush()
+        state = await consumer.state()
+        await rollout_nc.close()
+        await trainer_nc.close()
+        return results, got, state, pub.retries
+
+    try:
+        results, got, state, retries = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    assert retries >= 1  # the outage was felt by the publisher
+    assert results == [True] * count  # every sample counted produced exactly once
+    assert sorted(got) == sorted(make(i).id for i in range(count))  # each delivered once: none lost
+    assert state.last_seq == count  # stored once each, though some were sent twice
+    assert state.messages == 0  # every ack made it, the ones sent during the outage too
+    labels = {"namespace": "test", "job": "outage", "role": "rollout", "replica": "0"}
+    sample = metrics.REGISTRY.get_sample_value
+    assert sample("asyncrl_trajectories_produced_total", labels) == count
+    assert sample("asyncrl_bus_publish_retries_total", labels) == retries

@@ -7,6 +7,8 @@ its own process group so a fault hits a whole "pod" (the rollout's vLLM engine p
   process) joins at a later version and acks the trainer's checksum.
 - SIGSTOP a rollout (frozen pod) while training and syncing: the trainer reports it dropped
   after the deadline and goes on; thawed, the replica rejoins at a later version.
+- SIGKILL the nats-server and start it again 8 s later (a NATS pod restarted): no process exits,
+  each reconnects, training goes on with both rollouts, no sample is trained twice.
 
 The trainer's own fault (SIGKILL between step and ack) belongs to the trainer's tests.
 """
@@ -134,3 +136,27 @@ def test_frozen_rollout_is_dropped_at_the_deadline_and_rejoins_when_thawed(job: 
         timeout=120,
         alive=(*ALIVE, "rollout-1"),
     )
+
+
+def test_a_nats_crash_is_ridden_through_without_a_restart_or_a_sample_trained_twice(
+    job: localjob.LocalJob,
+) -> None:
+    everyone = ("trainer", "rollout-0", "rollout-1")
+    job.wait("both rollouts in a sync", localjob.synced_with({"0", "1"}), timeout=RESTART_S, alive=everyone)
+    before = job.steps()[-1]
+    job.crash_bus(outage_s=8.0)  # past nats-py's 5 s request timeout: publishes and stream info go unanswered
+    job.wait(
+        "training to go on with both rollouts once the bus is back",
+        lambda steps: (
+            steps[-1]["step"] >= before["step"] + 5
+            and localjob.synced_with({"0", "1"}, before["version"])(steps)
+        ),
+        timeout=300,
+        alive=everyone,  # none gave up: each rode through on its own connection
+    )  # fmt: skip
+    for name in everyone:
+        assert "bus: reconnected" in job.log(name), name
+    ids = [i for step in job.steps() for i in step["ids"]]
+    assert len(ids) == len(set(ids))
+    versions = [s["version"] for s in job.steps()]
+    assert versions == sorted(versions)

@@ -90,6 +90,10 @@ PUBLISH_BLOCKED_SECONDS = _counter(
     "asyncrl_bus_publish_blocked_seconds", "Time publishers backed off on a full queue (whenFull: block)."
 )
 PUBLISH_BACKOFFS = _counter("asyncrl_bus_publish_backoffs", "Publishes refused by a full queue and retried.")
+PUBLISH_RETRIES = _counter(
+    "asyncrl_bus_publish_retries",
+    "Publishes sent again because the bus did not answer (NATS restarting or unreachable); stored once.",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +134,7 @@ class Bound:
         self.preempted = PREEMPTED.labels(*values)
         self.publish_blocked_seconds = PUBLISH_BLOCKED_SECONDS.labels(*values)
         self.publish_backoffs = PUBLISH_BACKOFFS.labels(*values)
+        self.publish_retries = PUBLISH_RETRIES.labels(*values)
 
 
 def bind(identity: Identity) -> Bound:

@@ -12,6 +12,10 @@ idempotent, so whichever starts first creates the stream). Stream per job (`subj
 - file storage; every publish carries `Nats-Msg-Id: <trajectory id>` so a retried publish inside the
   duplicate window is stored once.
 
+Both sides connect with `connect`, which rides through a NATS restart or outage: the client reconnects
+without limit, a publish nobody answered is sent again with the same `Nats-Msg-Id` (stored once: the
+first attempt may have gone through), a fetch returns nothing, acks wait in the client's buffer.
+
 The consumer is a durable pull consumer. On open it is deleted and re-created, which makes the server
 deliver every message still in the stream at once - including those a crashed trainer had pulled but
 not acked - instead of after `ack_wait`.
@@ -23,10 +27,13 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any, Literal
 
+import nats
+import nats.aio.client
 import nats.errors
 import nats.js
 import nats.js.api
@@ -36,8 +43,69 @@ from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import codec, subjects
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 
+log = logging.getLogger(__name__)
 WhenFull = Literal["dropOldest", "block"]
 _JS_STREAM_FULL = 10077  # JSStreamStoreFailedF: "maximum messages exceeded" under discard new
+RECONNECT_WAIT_S = 1.0
+FIRST_CONNECT_ATTEMPTS = 3
+"""A bus that is not there at start is tried this many times more, `RECONNECT_WAIT_S` apart, then
+the process exits with one line (its pod restarts); once connected, reconnects have no limit."""
+PING_INTERVAL_S = 10.0
+"""With 3 pings outstanding: a bus that went silent (a partitioned node) is noticed within ~30 s, not
+nats-py's default 4 min."""
+NO_ANSWER = (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError)
+"""What a JetStream request (publish, stream info) or a flush raises while the bus is down or
+restarting (nats-py's TimeoutError and FlushTimeoutError are TimeoutErrors)."""
+
+
+async def connect(url: str, **options: Any) -> nats.aio.client.Client:
+    """Connect to the job's bus; after that, stay connected through a NATS restart or outage.
+
+    The first connect fails after `FIRST_CONNECT_ATTEMPTS` more tries (the callers turn that into
+    one clear line). Later the client reconnects every `RECONNECT_WAIT_S` without limit, logging
+    the loss and the return once each, not every refused attempt: in a cluster the NATS pod comes
+    back (its JetStream store on a volume), and a rollout or trainer that gave up would only be
+    restarted by the kubelet into the same outage, losing its in-flight work. Measured against a
+    real nats-server stopped for 6-10 s: a publish raises nats' TimeoutError after 5 s (and its
+    message is sent after the reconnect), a fetch returns nothing, an ack waits in the client's
+    buffer, stream info times out.
+    """
+    lost_at: list[float] = []
+
+    async def disconnected() -> None:
+        if nc.is_closed:  # our own close (nats-py calls this then too)
+            return
+        lost_at[:] = [time.monotonic()]
+        log.warning("bus: lost the connection to %s; reconnecting every %g s", url, RECONNECT_WAIT_S)
+
+    async def reconnected() -> None:
+        away = time.monotonic() - lost_at[0] if lost_at else 0.0
+        log.warning("bus: reconnected to %s after %.1f s", url, away)
+
+    async def error(exc: Exception) -> None:
+        # the server going away (EOF, reset) and every refused attempt until it is back: the
+        # disconnected/reconnected lines say it once
+        if isinstance(exc, nats.errors.UnexpectedEOF | ConnectionError) or not nc.is_connected:
+            log.debug("bus: %s: %s", type(exc).__name__, exc)
+        else:
+            log.warning("bus: %s: %s", type(exc).__name__, exc)
+
+    nc = await nats.connect(
+        url,
+        connect_timeout=5,
+        allow_reconnect=True,
+        # for the first connect: nats-py retries it as a reconnect, for good with -1 (never raising)
+        max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS,
+        reconnect_time_wait=RECONNECT_WAIT_S,
+        ping_interval=PING_INTERVAL_S,
+        max_outstanding_pings=3,
+        disconnected_cb=disconnected,
+        reconnected_cb=reconnected,
+        error_cb=error,
+        **options,
+    )
+    nc.options["max_reconnect_attempts"] = -1  # from now on: read at every reconnect (nats-py 2.16)
+    return nc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,19 +175,39 @@ class Publisher:
         self._max_backoff_s = max_backoff_s
         self.backoffs = 0
         self.blocked_seconds = 0.0
+        self.retries = 0
+        """Publishes sent again because the bus did not answer."""
+        self._unanswered_since: float | None = None
 
     async def publish(self, traj: trajectory_mod.Trajectory) -> bool:
-        """Store one trajectory. False if the server had it already (a retry inside the window)."""
+        """Store one trajectory. False if the server had it already from another publish (the same id
+        inside the duplicate window).
+
+        While the bus does not answer (NATS restarting or unreachable) the same message is sent
+        again, with the same `Nats-Msg-Id`, until it is stored: counted as retries, logged once per
+        outage. An attempt that timed out may still have been stored (nats-py sends what it
+        buffered after reconnecting); the server's duplicate window then drops the later copies,
+        and a duplicate after our own unanswered attempt is that attempt's store: produced once."""
         data = codec.encode_trajectory(traj)
         delay = 0.01
+        unanswered = False
         while True:
             try:
                 # No `stream=`: nats-py would send it as a second header (Nats-Expected-Stream) that
                 # every consumer fetch parses again; the ack names the stream, checked below instead.
                 ack = await self._js.publish(self._settings.subject, data, headers={"Nats-Msg-Id": traj.id})
                 break
+            except NO_ANSWER as exc:
+                unanswered = True
+                await self._unanswered(exc)
+                continue
             except nats.js.errors.APIError as exc:
-                if self._settings.when_full != "block" or not _is_full(exc):
+                full = _is_full(exc)  # also a 503, with its own error code
+                if exc.code == 503 and not full:  # JetStream unavailable: the server is (re)starting
+                    unanswered = True
+                    await self._unanswered(exc)
+                    continue
+                if self._settings.when_full != "block" or not full:
                     raise
             self.backoffs += 1
             self.blocked_seconds += delay
@@ -133,11 +221,24 @@ class Publisher:
                 f"subject {self._settings.subject}: stored by stream {ack.stream!r}, not the job's stream "
                 f"{self._settings.stream!r} (another stream captures this subject)"
             )
-        if ack.duplicate:
+        if self._unanswered_since is not None:
+            log.warning("bus: answering again after %.1f s", time.monotonic() - self._unanswered_since)
+            self._unanswered_since = None
+        if ack.duplicate and not unanswered:
             return False
         if self._metrics is not None:
             self._metrics.produced.inc()
         return True
+
+    async def _unanswered(self, exc: Exception) -> None:
+        """Count one unanswered publish (logged at the first of an outage) and wait before the next."""
+        self.retries += 1
+        if self._metrics is not None:
+            self._metrics.publish_retries.inc()
+        if self._unanswered_since is None:
+            self._unanswered_since = time.monotonic()
+            log.warning("bus: a publish got no answer (%s); sending again until stored", type(exc).__name__)
+        await asyncio.sleep(min(self._max_backoff_s, RECONNECT_WAIT_S))
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
-from asyncrl_workloads.bus import codec
+from asyncrl_workloads.bus import codec, jetstream
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress, steplog
 from asyncrl_workloads.weightsync import checksum
@@ -162,7 +162,10 @@ class Leader:
                 os.kill(os.getpid(), signal.SIGKILL)
             for t in taken:
                 await t.received.msg.ack()
-            await self.nc.flush()
+            try:
+                await self.nc.flush()
+            except jetstream.NO_ANSWER:  # the bus is down: the acks wait in the client's buffer
+                log.warning("bus: acks of step %d not confirmed sent; they go out on reconnect", state.step)
             self.steplog.account(taken, waited, time.monotonic() - t0)
             sync_report = None
             if state.step % self.settings.sync_every_steps == 0:

@@ -102,7 +102,7 @@ def make_sender(cfg: config_mod.JobConfig) -> Any:
 
 async def _connect(url: str) -> Any:
     try:
-        return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=3, allow_reconnect=True)
+        return await jetstream.connect(url)
     except (OSError, nats.errors.Error, TimeoutError) as exc:
         raise StartupError(
             f"endpoints.natsUrl: cannot reach NATS at {url}: {exc or type(exc).__name__}"

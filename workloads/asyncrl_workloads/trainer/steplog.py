@@ -61,8 +61,12 @@ class StepLog:
         m.trainer_idle.set(waited / total if total > 0 else 0.0)
 
     async def refresh_queue(self) -> None:
-        """Read the bus consumer's state: queue depth and age, and samples the full stream dropped."""
-        state = await self.intake.consumer.state()
+        """Read the bus consumer's state: queue depth and age, and samples the full stream dropped.
+        While the bus does not answer (NATS restarting) they keep their last values."""
+        try:
+            state = await self.intake.consumer.state()
+        except jetstream.NO_ANSWER:
+            return
         self.queue_depth = state.messages
         self.metrics.queue_depth.set(state.messages)
         self.metrics.queue_oldest_age.set(state.oldest_age_s)

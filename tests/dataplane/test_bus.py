@@ -330,3 +330,53 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
     sample = metrics.REGISTRY.get_sample_value
     assert sample("asyncrl_trajectories_produced_total", labels) == count
     assert sample("asyncrl_bus_publish_retries_total", labels) == retries
+
+
+def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_consumer_again(tmp_path):
+    """An emptyDir NATS pod replaced: the server comes back empty. What was queued is gone (the
+    chart's `bus.nats.storage` keeps it); what is published after must still reach the trainer,
+    without either process restarting."""
+    log = tmp_path / "nats-server.log"
+    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
+    url, port = servers[0].url, servers[0].port
+    settings = jetstream.StreamSettings("test", "storelost", max_size=1000)
+
+    async def drain(consumer, want):
+        got: list[str] = []
+        while len(got) < want:
+            for r in await consumer.fetch(16, 0.5):
+                got.append(r.trajectory.id)
+                await r.msg.ack()
+        return got
+
+    async def scenario():
+        rollout_nc, trainer_nc = await jetstream.connect(url), await jetstream.connect(url)
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        consumer = jetstream.Consumer(trainer_nc.jetstream(), settings)
+        await consumer.open()
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
+        for i in range(5):
+            await pub.publish(make(i))
+        before = await drain(consumer, 5)
+        servers[0].child.process.kill()
+        servers[0].child.process.wait()
+        fresh = tmp_path / "store-2"
+        servers.append(await asyncio.to_thread(natsserver.start, store_dir=fresh, log_path=log, port=port))
+
+        async def publish_after():
+            return [await pub.publish(make(i)) for i in range(5, 10)]
+
+        published = await asyncio.wait_for(publish_after(), 60)  # no stream: made again
+        after = await asyncio.wait_for(drain(consumer, 5), 60)  # no consumer: made again
+        await rollout_nc.close()
+        await trainer_nc.close()
+        return before, published, after, pub.retries
+
+    try:
+        before, published, after, retries = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    assert sorted(before) == sorted(make(i).id for i in range(5))
+    assert published == [True] * 5 and retries >= 1
+    assert sorted(after) == sorted(make(i).id for i in range(5, 10))

@@ -151,6 +151,16 @@ async def ensure_stream(js: nats.js.JetStreamContext, settings: StreamSettings) 
         await js.update_stream(config)
 
 
+async def _recreate_stream(js: nats.js.JetStreamContext, settings: StreamSettings) -> bool:
+    """`ensure_stream` after the bus came back; False (logged) if it does not answer yet."""
+    try:
+        await ensure_stream(js, settings)
+    except (*NO_ANSWER, nats.errors.Error) as exc:
+        log.debug("bus: stream %s not (re)created yet: %r", settings.stream, exc)
+        return False
+    return True
+
+
 def _is_full(exc: nats.js.errors.APIError) -> bool:
     return exc.err_code == _JS_STREAM_FULL or "maximum messages" in str(exc.description or "")
 
@@ -231,7 +241,10 @@ class Publisher:
         return True
 
     async def _unanswered(self, exc: Exception) -> None:
-        """Count one unanswered publish (logged at the first of an outage) and wait before the next."""
+        """Count one unanswered publish (logged at the first of an outage) and wait before the next.
+
+        No responders means no stream takes the subject: the server came back without its store (an
+        emptyDir NATS pod replaced; what was queued is gone), so the stream is created again."""
         self.retries += 1
         if self._metrics is not None:
             self._metrics.publish_retries.inc()
@@ -239,6 +252,8 @@ class Publisher:
             self._unanswered_since = time.monotonic()
             log.warning("bus: a publish got no answer (%s); sending again until stored", type(exc).__name__)
         await asyncio.sleep(min(self._max_backoff_s, RECONNECT_WAIT_S))
+        if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+            await _recreate_stream(self._js, self._settings)
 
 
 @dataclasses.dataclass
@@ -327,6 +342,9 @@ class Consumer:
             msgs = await self._sub.fetch(max_msgs, timeout=timeout_s)
         except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either, depending on the path
             return []
+        except (nats.js.errors.ServiceUnavailableError, nats.js.errors.NotFoundError) as exc:
+            await self._reopen(exc, timeout_s)
+            return []
         out = []
         for msg in msgs:
             deliveries, seq = delivery(msg.reply)
@@ -335,6 +353,23 @@ class Consumer:
             except codec.CodecError as exc:
                 out.append(Received(msg, None, str(exc), deliveries, seq))
         return out
+
+    async def _reopen(self, exc: Exception, wait_s: float) -> None:
+        """The pull found no consumer (503/404): the server came back without its store (an emptyDir
+        NATS pod replaced; what was queued is gone) or JetStream is still starting. Stream and
+        consumer are created again (opening redelivers what is unacked: the ledger and the batcher
+        skip what they have). If the bus does not answer yet, the next fetch tries again."""
+        log.warning("bus: the trainer's consumer is gone (%s); creating stream and consumer again",
+                    type(exc).__name__)  # fmt: skip
+        await asyncio.sleep(min(wait_s, RECONNECT_WAIT_S))
+        if not await _recreate_stream(self._js, self._settings):
+            return
+        with contextlib.suppress(nats.errors.Error):
+            await self._sub.unsubscribe()
+        try:
+            await self.open()
+        except (*NO_ANSWER, nats.errors.Error) as err:
+            log.debug("bus: consumer not re-created yet: %r", err)
 
     async def state(self) -> QueueState:
         info = await self._js.stream_info(self._settings.stream)

@@ -25,6 +25,8 @@ import statistics
 import time
 from typing import Any
 
+import nats.js.errors
+
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
 from asyncrl_workloads.trainer import inbox, progress
@@ -62,10 +64,11 @@ class StepLog:
 
     async def refresh_queue(self) -> None:
         """Read the bus consumer's state: queue depth and age, and samples the full stream dropped.
-        While the bus does not answer (NATS restarting) they keep their last values."""
+        While the bus does not answer (NATS restarting) or has no stream (it came back without its
+        store; the next fetch creates it again) they keep their last values."""
         try:
             state = await self.intake.consumer.state()
-        except jetstream.NO_ANSWER:
+        except (*jetstream.NO_ANSWER, nats.js.errors.NotFoundError):
             return
         self.queue_depth = state.messages
         self.metrics.queue_depth.set(state.messages)

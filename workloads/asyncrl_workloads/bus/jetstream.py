@@ -60,6 +60,7 @@ restarting (nats-py's TimeoutError and FlushTimeoutError are TimeoutErrors)."""
 
 async def connect(url: str, **options: Any) -> nats.aio.client.Client:
     """Connect to the job's bus; after that, stay connected through a NATS restart or outage.
+    ``options`` (nats-py's) override the settings below.
 
     The first connect fails after `FIRST_CONNECT_ATTEMPTS` more tries (the callers turn that into
     one clear line). Later the client reconnects every `RECONNECT_WAIT_S` without limit, logging
@@ -71,9 +72,10 @@ async def connect(url: str, **options: Any) -> nats.aio.client.Client:
     buffer, stream info times out.
     """
     lost_at: list[float] = []
+    made: list[nats.aio.client.Client] = []  # the callbacks also run during the first connect
 
     async def disconnected() -> None:
-        if nc.is_closed:  # our own close (nats-py calls this then too)
+        if made and made[0].is_closed:  # our own close (nats-py calls this then too)
             return
         lost_at[:] = [time.monotonic()]
         log.warning("bus: lost the connection to %s; reconnecting every %g s", url, RECONNECT_WAIT_S)
@@ -85,26 +87,28 @@ async def connect(url: str, **options: Any) -> nats.aio.client.Client:
     async def error(exc: Exception) -> None:
         # the server going away (EOF, reset) and every refused attempt until it is back: the
         # disconnected/reconnected lines say it once
-        if isinstance(exc, nats.errors.UnexpectedEOF | ConnectionError) or not nc.is_connected:
+        if isinstance(exc, nats.errors.UnexpectedEOF | ConnectionError) or not (
+            made and made[0].is_connected
+        ):
             log.debug("bus: %s: %s", type(exc).__name__, exc)
         else:
             log.warning("bus: %s: %s", type(exc).__name__, exc)
 
-    nc = await nats.connect(
-        url,
-        connect_timeout=5,
-        allow_reconnect=True,
+    settings: dict[str, Any] = {
+        "connect_timeout": 5,
+        "allow_reconnect": True,
         # for the first connect: nats-py retries it as a reconnect, for good with -1 (never raising)
-        max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS,
-        reconnect_time_wait=RECONNECT_WAIT_S,
-        ping_interval=PING_INTERVAL_S,
-        max_outstanding_pings=3,
-        disconnected_cb=disconnected,
-        reconnected_cb=reconnected,
-        error_cb=error,
-        **options,
-    )
+        "max_reconnect_attempts": FIRST_CONNECT_ATTEMPTS,
+        "reconnect_time_wait": RECONNECT_WAIT_S,
+        "ping_interval": PING_INTERVAL_S,
+        "max_outstanding_pings": 3,
+        "disconnected_cb": disconnected,
+        "reconnected_cb": reconnected,
+        "error_cb": error,
+    }
+    nc = await nats.connect(url, **{**settings, **options})
     nc.options["max_reconnect_attempts"] = -1  # from now on: read at every reconnect (nats-py 2.16)
+    made.append(nc)
     return nc
 
 

@@ -266,6 +266,16 @@ def test_a_held_sample_discarded_by_the_server_is_not_counted_as_dropped(nats_se
     assert jetstream.queue_full_drops(after, acked_total=3) == 2
 
 
+async def crash_nats(servers: list, store, log, outage_s: float) -> None:
+    """SIGKILL the newest of ``servers`` and start nats-server again ``outage_s`` later on its port
+    with the JetStream store ``store`` (the same one: a pod restarted; a new one: an emptyDir lost)."""
+    port = servers[-1].port
+    servers[-1].child.process.kill()
+    servers[-1].child.process.wait()
+    await asyncio.sleep(outage_s)
+    servers.append(await asyncio.to_thread(natsserver.start, store_dir=store, log_path=log, port=port))
+
+
 def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_twice(tmp_path):
     """The bus's nats-server is SIGKILLed mid-stream and started again 7 s later on the same port and
     store (a NATS pod restarted by the kubelet): longer than a JetStream request's 5 s timeout, so a
@@ -274,7 +284,7 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
     `jetstream.connect` their processes use."""
     store, log = tmp_path / "nats-store", tmp_path / "nats-server.log"
     servers = [natsserver.start(store_dir=store, log_path=log)]
-    url, port, count = servers[0].url, servers[0].port, 60
+    url, count = servers[0].url, 60
     settings = jetstream.StreamSettings("test", "outage", max_size=1000)
     metric = bound("outage")
 
@@ -301,11 +311,7 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
 
         async def crash_and_restart():
             await asyncio.sleep(1.0)
-            servers[0].child.process.kill()
-            servers[0].child.process.wait()
-            await asyncio.sleep(7.0)
-            restarted = await asyncio.to_thread(natsserver.start, store_dir=store, log_path=log, port=port)
-            servers.append(restarted)
+            await crash_nats(servers, store, log, outage_s=7.0)
 
         outage = asyncio.create_task(crash_and_restart())
         results, _ = await asyncio.wait_for(asyncio.gather(produce(), consume()), 120)
@@ -338,7 +344,7 @@ def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_con
     without either process restarting."""
     log = tmp_path / "nats-server.log"
     servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
-    url, port = servers[0].url, servers[0].port
+    url = servers[0].url
     settings = jetstream.StreamSettings("test", "storelost", max_size=1000)
 
     async def drain(consumer, want):
@@ -358,10 +364,7 @@ def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_con
         for i in range(5):
             await pub.publish(make(i))
         before = await drain(consumer, 5)
-        servers[0].child.process.kill()
-        servers[0].child.process.wait()
-        fresh = tmp_path / "store-2"
-        servers.append(await asyncio.to_thread(natsserver.start, store_dir=fresh, log_path=log, port=port))
+        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)  # back with an empty store
 
         async def publish_after():
             return [await pub.publish(make(i)) for i in range(5, 10)]

@@ -14,7 +14,7 @@ import pytest
 from asyncrl_workloads import metrics
 from asyncrl_workloads.bus import jetstream, trajectory
 from asyncrl_workloads.local import natsserver
-from asyncrl_workloads.trainer import batcher, checkpoint, inbox, staleness
+from asyncrl_workloads.trainer import batcher, checkpoint, inbox, progress, staleness, steplog
 
 pytestmark = pytest.mark.dataplane
 
@@ -294,6 +294,7 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
         consumer = jetstream.Consumer(trainer_nc.jetstream(), settings)
         await consumer.open()
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings, metric)
+        created = consumer.stream_created
         got: list[str] = []
 
         async def produce():
@@ -320,10 +321,10 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
         state = await consumer.state()
         await rollout_nc.close()
         await trainer_nc.close()
-        return results, got, state, pub.retries
+        return results, got, state, pub.retries, created
 
     try:
-        results, got, state, retries = asyncio.run(scenario())
+        results, got, state, retries, created = asyncio.run(scenario())
     finally:
         for server in servers:
             server.stop()
@@ -332,6 +333,7 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
     assert sorted(got) == sorted(make(i).id for i in range(count))  # each delivered once: none lost
     assert state.last_seq == count  # stored once each, though some were sent twice
     assert state.messages == 0  # every ack made it, the ones sent during the outage too
+    assert state.created == created != ""  # the same stream: the trainer counts on (no store_lost)
     labels = {"namespace": "test", "job": "outage", "role": "rollout", "replica": "0"}
     sample = metrics.REGISTRY.get_sample_value
     assert sample("asyncrl_trajectories_produced_total", labels) == count
@@ -383,3 +385,74 @@ def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_con
     assert sorted(before) == sorted(make(i).id for i in range(5))
     assert published == [True] * 5 and retries >= 1
     assert sorted(after) == sorted(make(i).id for i in range(5, 10))
+
+
+def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_path):
+    """The trainer's bookkeeping (StepLog.refresh_queue, the ledger) across a NATS pod that came back
+    empty: the samples queued in the old stream are counted dropped{reason=store_lost}, the held one
+    of the old stream is not (it is trained), and the new stream's discards are counted queue_full,
+    though its sequence starts again at 1 while the trainer's acks kept counting."""
+    log = tmp_path / "nats-server.log"
+    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
+    settings = jetstream.StreamSettings("test", "storecount", max_size=5, when_full="dropOldest")
+    labels = {"namespace": "test", "job": "storecount", "role": "trainer", "replica": "0"}
+
+    def dropped(reason):
+        return metrics.REGISTRY.get_sample_value(
+            "asyncrl_trajectories_dropped_total", {**labels, "reason": reason}
+        )
+
+    async def train(intake, step, version=0):
+        batch = await intake.next_batch(version, asyncio.Event(), wait_s=30.0)
+        intake.ledger.record_step(step, version, [t.trajectory.id for t in batch])
+        for t in batch:
+            await t.received.msg.ack()
+
+    async def scenario():
+        rollout_nc, trainer_nc = (
+            await jetstream.connect(servers[0].url),
+            await jetstream.connect(servers[0].url),
+        )
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
+        consumer, intake = _intake(
+            trainer_nc.jetstream(), settings, checkpoint.Ledger.load(tmp_path / "ledger")
+        )
+        steps = steplog.StepLog(None, intake, intake.metrics, progress.Reporter(None, 1.0))
+        await consumer.open()
+        for i in range(4):
+            await pub.publish(make(i))
+        await pub.publish(make(10, 0, group_size=2))  # half a group: held, unacked
+        await train(intake, 1)
+        await train(intake, 2)
+        for i in range(4, 8):  # queued, never pulled: lost with the store
+            await pub.publish(make(i))
+        await trainer_nc.flush()
+        await steps.refresh_queue()
+        before = steps.counters()
+        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        for i in range(20, 28):  # 8 into a stream of 5: 3 discarded
+            await pub.publish(make(i))
+        await steps.refresh_queue()
+        after_loss = steps.counters()
+        await train(intake, 3)  # the first fetch finds no consumer and makes it again
+        await train(intake, 4)
+        await trainer_nc.flush()
+        await steps.refresh_queue()
+        end = steps.counters()
+        await rollout_nc.close()
+        await trainer_nc.close()
+        return before, after_loss, end, intake.ledger
+
+    try:
+        before, after_loss, end, ledger = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    assert (before["consumed"], before["queue_depth"], before["dropped_queue_full"]) == (4, 5, 0)
+    assert (after_loss["dropped_store_lost"], after_loss["dropped_queue_full"]) == (4, 3)
+    assert (after_loss["stored"], after_loss["queue_depth"]) == (8, 5)
+    assert (end["consumed"], end["queue_depth"]) == (8, 1)
+    assert (end["dropped_store_lost"], end["dropped_queue_full"]) == (4, 3)  # not counted again
+    assert (dropped("store_lost"), dropped("queue_full")) == (4, 3)
+    assert ledger.lost_with_store == 4

@@ -115,3 +115,40 @@ def test_ledger_forgets_old_steps_only_after_the_time_window(tmp_path):
         ledger.record_step(step, 0, [f"id{step}"])
     assert [ledger.seen(f"id{s}") for s in range(1, 5)] == [False, False, True, True]
     assert ledger.consumed_total == 4
+
+
+def test_ledger_counts_a_stream_created_again_from_its_start_and_what_the_old_one_held_as_lost(tmp_path):
+    """NATS came back without its store: the trainer finds another stream. Its acks before went to the
+    old stream; what that one held at the last look and was not acked since is lost. It survives a
+    trainer restart (persisted), and a ledger written before this bookkeeping loads with zeros."""
+    path = tmp_path / checkpoint.LEDGER
+    ledger = checkpoint.Ledger.load(path)
+    assert ledger.follow_stream("t1", queued=0, held_elsewhere=0) is None  # the job's first look
+    ledger.record_step(1, 0, ["a", "b", "c"])
+    assert ledger.follow_stream("t1", queued=6, held_elsewhere=0) is None  # 6 in it (1 of them held)
+    assert ledger.acked_in_stream(0) == 3
+    ledger.record_step(2, 1, ["d"])  # one of the 6 acked since the last look
+    again = checkpoint.Ledger.load(path)  # the trainer restarts
+    assert (again.stream_created, again.stream_owed) == ("t1", 9)
+    # The new process holds nothing of the old stream: 9 owed - 4 acked = 5 lost.
+    assert again.follow_stream("t2", queued=2, held_elsewhere=0) == 5
+    assert (again.lost_with_store, again.acked_in_stream(0)) == (5, 0)
+    # The same, in a process still holding 1 message of the old stream (it will ack it, into the void).
+    ledger.stream_created, ledger.stream_owed = "t1", 9
+    assert ledger.follow_stream("t2", queued=2, held_elsewhere=1) == 4
+    assert ledger.acked_in_stream(1) == 0
+    ledger.record_step(3, 2, ["e"])  # that held one, trained and acked
+    assert ledger.acked_in_stream(0) == 0
+    assert ledger.follow_stream("t2", queued=2, held_elsewhere=0) is None
+
+
+def test_a_ledger_written_before_the_stream_bookkeeping_loads_with_zeros(tmp_path):
+    path = tmp_path / checkpoint.LEDGER
+    path.write_text(
+        '{"step": 4, "param_version": 4, "acked_total": 7, "consumed_total": 6, "dropped_stale": 1, '
+        '"dropped_invalid": 0, "recent": [[4, 0.0, ["x"]]]}'
+    )
+    ledger = checkpoint.Ledger.load(path)
+    assert (ledger.lost_with_store, ledger.stream_created, ledger.acked_in_stream(0)) == (0, "", 7)
+    assert ledger.follow_stream("t1", queued=0, held_elsewhere=0) is None  # adopted: same stream as before
+    assert ledger.acked_in_stream(0) == 7

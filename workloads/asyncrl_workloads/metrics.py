@@ -15,9 +15,9 @@ import prometheus_client
 
 REGISTRY = prometheus_client.CollectorRegistry()
 _LABELS = ("namespace", "job", "role", "replica")
-DROP_REASONS = ("queue_full", "stale", "invalid")
+DROP_REASONS = ("queue_full", "stale", "invalid", "store_lost")
 TOKEN_DROP_REASONS = ("stale", "invalid")
-"""The trainer sees the tokens of what it drops; a queue_full drop never reaches it."""
+"""The trainer sees the tokens of what it drops; a queue_full or store_lost drop never reaches it."""
 
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

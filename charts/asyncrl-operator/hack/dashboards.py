@@ -168,7 +168,7 @@ def job_dashboard() -> dict[str, Any]:
             [(f"sum by (reason) (rate(asyncrl_trajectories_dropped_total{{{JOB}}}[{RI}]))", "{{reason}}")],
             unit="ops",
             description="queue_full: the queue dropped its oldest; stale: older than maxStaleness; "
-            "invalid: failed validation.",
+            "invalid: failed validation; store_lost: queued when NATS came back without its store.",
         ),
         row("Staleness and policy versions"),
         panel(

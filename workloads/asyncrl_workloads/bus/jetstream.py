@@ -270,6 +270,9 @@ class Received:
     deliveries: int
     stream_seq: int = 0
     """Sequence of the message in the stream (0 if unknown)."""
+    stream: str = ""
+    """Creation time of the stream it came from (`QueueState.created`): after NATS lost its store the
+    stream is created again, and a held message of the old one is told apart by this."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,8 +281,11 @@ class QueueState:
     """In the stream now: not yet delivered, or delivered and not yet acked."""
     first_seq: int
     last_seq: int
-    """Sequence of the last stored message = trajectories ever stored (the stream starts at 1)."""
+    """Sequence of the last stored message = trajectories stored by this stream (it starts at 1)."""
     oldest_age_s: float
+    created: str = ""
+    """When the stream was created (the server's timestamp): it changes only if the stream is created
+    again, which happens when NATS came back without its store."""
 
 
 def queue_full_drops(state: QueueState, acked_total: int, held_seqs: Iterable[int] = ()) -> int:
@@ -311,6 +317,10 @@ def delivery(reply: str | None) -> tuple[int, int]:
     return int(tokens[at]), int(tokens[at + 1])
 
 
+def _created(info: nats.js.api.StreamInfo) -> str:
+    return info.created.isoformat() if info.created is not None else ""
+
+
 class Consumer:
     """Trainer-side pull consumer (one per job, durable name `subjects.TRAINER_CONSUMER`)."""
 
@@ -321,6 +331,8 @@ class Consumer:
         self._settings = settings
         self._max_ack_pending = max_ack_pending or max(1000, 2 * settings.max_size)
         self._sub: Any = None
+        self.stream_created = ""
+        """Creation time of the stream the consumer was opened on (`QueueState.created`)."""
 
     async def open(self) -> None:
         with contextlib.suppress(nats.js.errors.NotFoundError):
@@ -339,6 +351,7 @@ class Consumer:
             stream=self._settings.stream,
             config=config,
         )
+        self.stream_created = _created(await self._js.stream_info(self._settings.stream))
 
     async def fetch(self, max_msgs: int, timeout_s: float) -> list[Received]:
         """Up to `max_msgs` messages; [] if none arrived within `timeout_s`."""
@@ -353,9 +366,10 @@ class Consumer:
         for msg in msgs:
             deliveries, seq = delivery(msg.reply)
             try:
-                out.append(Received(msg, codec.decode_trajectory(msg.data), None, deliveries, seq))
+                traj = codec.decode_trajectory(msg.data)
+                out.append(Received(msg, traj, None, deliveries, seq, self.stream_created))
             except codec.CodecError as exc:
-                out.append(Received(msg, None, str(exc), deliveries, seq))
+                out.append(Received(msg, None, str(exc), deliveries, seq, self.stream_created))
         return out
 
     async def _reopen(self, exc: Exception, wait_s: float) -> None:
@@ -390,7 +404,7 @@ class Consumer:
                     )
             except nats.js.errors.NotFoundError:
                 pass
-        return QueueState(st.messages, st.first_seq, st.last_seq, age)
+        return QueueState(st.messages, st.first_seq, st.last_seq, age, _created(info))
 
     async def close(self) -> None:
         if self._sub is not None:

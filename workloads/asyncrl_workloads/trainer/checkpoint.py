@@ -34,6 +34,8 @@ from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import fsdp
 
 LEDGER = "ledger.json"
+_COUNTERS = ("step", "param_version", "acked_total", "consumed_total", "dropped_stale", "dropped_invalid")
+_STREAM_COUNTERS = ("lost_with_store", "stream_acked_base", "stream_owed")
 _PREFIX = "step-"
 
 
@@ -58,6 +60,16 @@ class Ledger:
     consumed_total: int = 0
     dropped_stale: int = 0
     dropped_invalid: int = 0
+    lost_with_store: int = 0
+    """Samples lost with the bus's store (NATS came back without it), counted when the trainer finds
+    the stream created again: at least what the old stream held at the trainer's last look."""
+    stream_created: str = ""
+    """Creation time of the bus stream the counters below refer to ("" until the trainer first looks)."""
+    stream_acked_base: int = 0
+    """`acked_total` when the trainer found that stream, plus the messages of the earlier one it still
+    held then: acks up to this went to a stream that is gone."""
+    stream_owed: int = 0
+    """`acked_total` the trainer would reach by acking everything that stream held at its last look."""
     recent: list[tuple[int, float, list[str]]] = dataclasses.field(default_factory=list)
     """(step, unix time, ids trained or dropped), newest last; entries of the last `keep_steps` steps or
     younger than `keep_seconds` are kept. Only unacked messages come back, and the loop flushes its
@@ -73,15 +85,11 @@ class Ledger:
         if path is None or not path.exists():
             return ledger
         body = json.loads(path.read_text())
-        for name in (
-            "step",
-            "param_version",
-            "acked_total",
-            "consumed_total",
-            "dropped_stale",
-            "dropped_invalid",
-        ):
+        for name in _COUNTERS:
             setattr(ledger, name, int(body[name]))
+        for name in _STREAM_COUNTERS:  # absent from ledgers written before they were kept
+            setattr(ledger, name, int(body.get(name, 0)))
+        ledger.stream_created = str(body.get("stream_created", ""))
         ledger.recent = [(int(s), float(t), list(ids)) for s, t, ids in body["recent"]]
         ledger._seen = {i for _, _, ids in ledger.recent for i in ids}
         return ledger
@@ -101,6 +109,35 @@ class Ledger:
         self.dropped_invalid += len(invalid_ids) + undecodable
         self._remember(self.step, stale_ids + invalid_ids)
 
+    def follow_stream(self, created: str, queued: int, held_elsewhere: int) -> int | None:
+        """The trainer looked at the bus stream: created at `created`, holding `queued` messages (unacked
+        ones included), while the trainer holds `held_elsewhere` unacked messages pulled from an earlier
+        stream (they are acked later, into the void). Returns None if it is the stream of the last look
+        (or the first look of this job, or of a ledger older than this bookkeeping), else the samples
+        lost with the old stream.
+
+        A stream other than the one of the last look means NATS came back without its store: what the
+        old one held then and was not acked since is lost (the messages stored after that look are lost
+        too, unseen: so this is a lower bound). Acks counted from here on are the new stream's, from
+        `stream_acked_base` (see `acked_in_stream`). Persisted with the next step's save.
+        Approximate in one corner: a trainer that dies still holding messages of the lost stream never
+        acks them, and the restarted one counts them as queue_full drops instead of lost."""
+        lost = None
+        if created != self.stream_created:
+            if self.stream_created:
+                lost = max(self.stream_owed - self.acked_total - held_elsewhere, 0)
+                self.lost_with_store += lost
+                self.stream_acked_base = self.acked_total + held_elsewhere
+            self.stream_created = created
+        self.stream_owed = self.acked_total + held_elsewhere + queued
+        return lost
+
+    def acked_in_stream(self, held_elsewhere: int) -> int:
+        """Acks that went to the current bus stream (`queue_full_drops` compares them with its sequence),
+        while the trainer still holds `held_elsewhere` messages of the earlier stream (counted into
+        `stream_acked_base` ahead of their acks)."""
+        return self.acked_total - self.stream_acked_base + held_elsewhere
+
     def _remember(self, step: int, ids: list[str]) -> None:
         now = time.time()
         self.recent.append((step, now, list(ids)))
@@ -114,17 +151,8 @@ class Ledger:
     def save(self) -> None:
         if self.path is None:
             return
-        body = {
-            name: getattr(self, name)
-            for name in (
-                "step",
-                "param_version",
-                "acked_total",
-                "consumed_total",
-                "dropped_stale",
-                "dropped_invalid",
-            )
-        }
+        body: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS + _STREAM_COUNTERS}
+        body["stream_created"] = self.stream_created
         body["recent"] = self.recent
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(body))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import pathlib
 import statistics
 import time
@@ -30,6 +31,8 @@ import nats.js.errors
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
 from asyncrl_workloads.trainer import inbox, progress
+
+log = logging.getLogger(__name__)
 
 
 class StepLog:
@@ -45,6 +48,8 @@ class StepLog:
         self.path, self.intake, self.metrics, self.reporter = path, intake, metrics, reporter
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
         self.queue_full_reported = 0
+        self.queue_full_earlier_streams = 0
+        """Of `queue_full_reported`, the drops counted in streams lost before the current one."""
         self.queue_depth = 0
         self.stored = 0
         self.started = time.monotonic()
@@ -65,7 +70,9 @@ class StepLog:
     async def refresh_queue(self) -> None:
         """Read the bus consumer's state: queue depth and age, and samples the full stream dropped.
         While the bus does not answer (NATS restarting) or has no stream (it came back without its
-        store; the next fetch creates it again) they keep their last values."""
+        store; the next fetch creates it again) they keep their last values. A stream created again
+        since the last look (NATS came back without its store) is counted from its start, and what
+        the old one held is counted dropped{reason=store_lost} (see `Ledger.follow_stream`)."""
         try:
             state = await self.intake.consumer.state()
         except (*jetstream.NO_ANSWER, nats.js.errors.NotFoundError):
@@ -73,8 +80,22 @@ class StepLog:
         self.queue_depth = state.messages
         self.metrics.queue_depth.set(state.messages)
         self.metrics.queue_oldest_age.set(state.oldest_age_s)
-        held = [r.stream_seq for r in self.intake.batcher.handles()]
-        dropped = jetstream.queue_full_drops(state, self.intake.ledger.acked_total, held)
+        led = self.intake.ledger
+        handles = self.intake.batcher.handles()
+        held = [r.stream_seq for r in handles if r.stream == state.created]
+        held_elsewhere = len(handles) - len(held)
+        lost = led.follow_stream(state.created, state.messages, held_elsewhere)
+        if lost is not None:
+            log.warning(
+                "bus: the trajectory stream was created again (NATS came back without its store): "
+                "%d queued samples lost with it, at least",
+                lost,
+            )
+            self.metrics.dropped["store_lost"].inc(lost)
+            self.queue_full_earlier_streams = self.queue_full_reported
+        dropped = self.queue_full_earlier_streams + jetstream.queue_full_drops(
+            state, led.acked_in_stream(held_elsewhere), held
+        )
         if dropped > self.queue_full_reported:
             self.metrics.dropped["queue_full"].inc(dropped - self.queue_full_reported)
             self.queue_full_reported = dropped
@@ -91,6 +112,7 @@ class StepLog:
             "dropped_stale_tokens": self.intake.dropped_stale_tokens,
             "dropped_invalid": led.dropped_invalid,
             "dropped_queue_full": self.queue_full_reported,
+            "dropped_store_lost": led.lost_with_store,
             "queue_depth": self.queue_depth,
             "stored": self.stored,
             "redeliveries_skipped": self.intake.redeliveries_skipped,

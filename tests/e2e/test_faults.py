@@ -7,8 +7,9 @@ its own process group so a fault hits a whole "pod" (the rollout's vLLM engine p
   process) joins at a later version and acks the trainer's checksum.
 - SIGSTOP a rollout (frozen pod) while training and syncing: the trainer reports it dropped
   after the deadline and goes on; thawed, the replica rejoins at a later version.
-- SIGKILL the nats-server and start it again 8 s later (a NATS pod restarted): no process exits,
-  each reconnects, training goes on with both rollouts, no sample is trained twice.
+- SIGKILL the nats-server and start it again 8 s later, on its store (a NATS pod restarted) or on an
+  empty one (an emptyDir pod replaced): no process exits, each reconnects, training goes on with both
+  rollouts, no sample is trained twice; the trainer notices a lost store and counts what it held.
 
 The trainer's own fault (SIGKILL between step and ack) belongs to the trainer's tests.
 """
@@ -16,6 +17,7 @@ The trainer's own fault (SIGKILL between step and ack) belongs to the trainer's 
 from __future__ import annotations
 
 import pathlib
+import re
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -138,13 +140,15 @@ def test_frozen_rollout_is_dropped_at_the_deadline_and_rejoins_when_thawed(job: 
     )
 
 
+@pytest.mark.parametrize("keep_store", [True, False], ids=["same-store", "store-lost"])
 def test_a_nats_crash_is_ridden_through_without_a_restart_or_a_sample_trained_twice(
-    job: localjob.LocalJob,
+    job: localjob.LocalJob, keep_store: bool
 ) -> None:
     everyone = ("trainer", "rollout-0", "rollout-1")
     job.wait("both rollouts in a sync", localjob.synced_with({"0", "1"}), timeout=RESTART_S, alive=everyone)
     before = job.steps()[-1]
-    job.crash_bus(outage_s=8.0)  # past nats-py's 5 s request timeout: publishes and stream info go unanswered
+    # 8 s: past nats-py's 5 s request timeout, so publishes and stream info go unanswered
+    job.crash_bus(outage_s=8.0, keep_store=keep_store)
     job.wait(
         "training to go on with both rollouts once the bus is back",
         lambda steps: (
@@ -156,6 +160,10 @@ def test_a_nats_crash_is_ridden_through_without_a_restart_or_a_sample_trained_tw
     )  # fmt: skip
     for name in everyone:
         assert "bus: reconnected" in job.log(name), name
+    noticed = re.findall(r"stream was created again .*: (\d+) queued samples lost", job.log("trainer"))
+    assert len(noticed) == (0 if keep_store else 1)  # the trainer told a lost store from a restart, once
+    lost = job.steps()[-1]["counters"]["dropped_store_lost"]
+    assert lost == sum(map(int, noticed))  # and counted what the old stream held (0 after a restart)
     ids = [i for step in job.steps() for i in step["ids"]]
     assert len(ids) == len(set(ids))
     versions = [s["version"] for s in job.steps()]

@@ -80,13 +80,15 @@ class LocalJob:
     def signal(self, name: str, sig: int) -> None:
         os.killpg(self.procs[name].pid, sig)  # the whole "pod": the process and its vLLM engine
 
-    def crash_bus(self, outage_s: float) -> None:
-        """SIGKILL the job's nats-server and start it again ``outage_s`` later on the same port and
-        JetStream store (a NATS pod the kubelet restarts, its store on a volume)."""
+    def crash_bus(self, outage_s: float, keep_store: bool = True) -> None:
+        """SIGKILL the job's nats-server and start it again ``outage_s`` later on the same port, on the
+        same JetStream store (a NATS pod the kubelet restarts, its store on a volume) or, without
+        ``keep_store``, on an empty one (an emptyDir NATS pod replaced)."""
         self.nats.child.process.kill()
         self.nats.child.process.wait()
         time.sleep(outage_s)
-        self.nats = natsserver.start(store_dir=self.tmp / "nats", log_path=self.tmp / "nats-restarted.log",
+        store = self.tmp / "nats" if keep_store else self.tmp / f"nats-empty-{time.monotonic_ns()}"
+        self.nats = natsserver.start(store_dir=store, log_path=self.tmp / "nats-restarted.log",
                                      port=self.nats.port)  # fmt: skip
 
     def log(self, name: str) -> str:

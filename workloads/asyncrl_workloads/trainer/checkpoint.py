@@ -123,7 +123,7 @@ class Ledger:
         Approximate in one corner: a trainer that dies still holding messages of the lost stream never
         acks them, and the restarted one counts them as queue_full drops instead of lost."""
         lost = None
-        if created != self.stream_created:
+        if created and created != self.stream_created:  # "": a server that does not say (taken as the same)
             if self.stream_created:
                 lost = max(self.stream_owed - self.acked_total - held_elsewhere, 0)
                 self.lost_with_store += lost

@@ -387,26 +387,29 @@ def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_con
     assert sorted(after) == sorted(make(i).id for i in range(5, 10))
 
 
-def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_path):
-    """The trainer's bookkeeping (StepLog.refresh_queue, the ledger) across a NATS pod that came back
-    empty: the samples queued in the old stream are counted dropped{reason=store_lost}, the held one
-    of the old stream is not (it is trained), and the new stream's discards are counted queue_full,
-    though its sequence starts again at 1 while the trainer's acks kept counting."""
+@pytest.mark.parametrize("first", ["refresh", "fetch"])
+def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_path, first):
+    """The trainer's bookkeeping (Inbox, StepLog.refresh_queue, the ledger) across a NATS pod that came
+    back empty: the samples queued in the old stream are counted dropped{reason=store_lost}, the held
+    one of the old stream is not (it is trained later), and the new stream's discards are counted
+    queue_full, though its sequence starts again at 1 while the trainer's acks kept counting. The
+    trainer may first see the new stream in its queue state (``refresh``) or, as it mostly does, train
+    two steps on it before it looks (``fetch``): the counts are the same."""
     log = tmp_path / "nats-server.log"
     servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
-    settings = jetstream.StreamSettings("test", "storecount", max_size=5, when_full="dropOldest")
-    labels = {"namespace": "test", "job": "storecount", "role": "trainer", "replica": "0"}
+    settings = jetstream.StreamSettings("test", f"storecount-{first}", max_size=5, when_full="dropOldest")
+    labels = {"namespace": "test", "job": settings.job, "role": "trainer", "replica": "0"}
 
     def dropped(reason):
         return metrics.REGISTRY.get_sample_value(
             "asyncrl_trajectories_dropped_total", {**labels, "reason": reason}
         )
 
-    async def train(intake, step, version=0):
+    async def train(intake, step, version=0):  # as trainer/loop.py does: record, then ack
         batch = await intake.next_batch(version, asyncio.Event(), wait_s=30.0)
         intake.ledger.record_step(step, version, [t.trajectory.id for t in batch])
         for t in batch:
-            await t.received.msg.ack()
+            await intake.consumer.ack(t.received)
 
     async def scenario():
         rollout_nc, trainer_nc = (
@@ -433,8 +436,8 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_
         await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
         for i in range(20, 28):  # 8 into a stream of 5: 3 discarded
             await pub.publish(make(i))
-        await steps.refresh_queue()
-        after_loss = steps.counters()
+        if first == "refresh":
+            await steps.refresh_queue()
         await train(intake, 3)  # the first fetch finds no consumer and makes it again
         await train(intake, 4)
         await trainer_nc.flush()
@@ -442,17 +445,102 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_
         end = steps.counters()
         await rollout_nc.close()
         await trainer_nc.close()
-        return before, after_loss, end, intake.ledger
+        return before, end
 
     try:
-        before, after_loss, end, ledger = asyncio.run(scenario())
+        before, end = asyncio.run(scenario())
     finally:
         for server in servers:
             server.stop()
     assert (before["consumed"], before["queue_depth"], before["dropped_queue_full"]) == (4, 5, 0)
-    assert (after_loss["dropped_store_lost"], after_loss["dropped_queue_full"]) == (4, 3)
-    assert (after_loss["stored"], after_loss["queue_depth"]) == (8, 5)
-    assert (end["consumed"], end["queue_depth"]) == (8, 1)
-    assert (end["dropped_store_lost"], end["dropped_queue_full"]) == (4, 3)  # not counted again
+    assert (end["consumed"], end["stored"], end["queue_depth"]) == (8, 8, 1)  # 1 held, unacked
+    assert (end["dropped_store_lost"], end["dropped_queue_full"]) == (4, 3)
     assert (dropped("store_lost"), dropped("queue_full")) == (4, 3)
-    assert ledger.lost_with_store == 4
+    ledger = checkpoint.Ledger.load(tmp_path / "ledger")  # a restarted trainer knows it too
+    assert (ledger.lost_with_store, ledger.queue_full_earlier) == (4, 0)
+
+
+def test_an_ack_for_a_message_of_the_lost_stream_is_not_sent(tmp_path):
+    """An ack names stream, consumer and sequence, and all three are the same in the stream created
+    again: a held message of the lost stream, acked, would remove the new stream's message with its
+    sequence (here both are sequence 1, the new one delivered and unacked)."""
+    log = tmp_path / "nats-server.log"
+    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
+    settings = jetstream.StreamSettings("test", "oldack", max_size=100)
+
+    async def scenario():
+        rollout_nc, trainer_nc = [await jetstream.connect(servers[0].url) for _ in range(2)]
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
+        consumer = jetstream.Consumer(trainer_nc.jetstream(), settings)
+        await consumer.open()
+        await pub.publish(make(1))
+        (old,) = await consumer.fetch(8, 5.0)
+        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        await pub.publish(make(2))
+        new = []
+        while not new:
+            new = await consumer.fetch(8, 1.0)
+        await consumer.ack(old)
+        await trainer_nc.flush()
+        after_old_ack = (await consumer.state()).messages
+        await consumer.ack(new[0])
+        await trainer_nc.flush()
+        after_new_ack = (await consumer.state()).messages
+        await rollout_nc.close()
+        await trainer_nc.close()
+        return old, new, after_old_ack, after_new_ack
+
+    try:
+        old, new, after_old_ack, after_new_ack = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    assert (old.stream_seq, new[0].stream_seq) == (1, 1) and old.stream != new[0].stream
+    assert after_old_ack == 1  # the new stream's message is still there
+    assert after_new_ack == 0
+
+
+def test_a_consumer_whose_re_creation_failed_half_way_tries_again_at_the_next_fetch(tmp_path):
+    """NATS came back without its store and the first attempt to create the consumer again does not
+    answer after the old subscription was dropped (the bus restarting once more): the next fetches
+    must try again, not pull forever into a subscription that is gone."""
+    log = tmp_path / "nats-server.log"
+    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
+    settings = jetstream.StreamSettings("test", "halfopen", max_size=100)
+
+    async def scenario():
+        rollout_nc, trainer_nc = [await jetstream.connect(servers[0].url) for _ in range(2)]
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
+        js = trainer_nc.jetstream()
+        consumer = jetstream.Consumer(js, settings)
+        await consumer.open()
+        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        for i in range(3):
+            await pub.publish(make(i))
+        real, failures = js.pull_subscribe, []
+
+        async def unanswered_once(*args, **kwargs):  # the one fault: this call gets no answer
+            if not failures:
+                failures.append(1)
+                raise nats.errors.TimeoutError
+            return await real(*args, **kwargs)
+
+        js.pull_subscribe = unanswered_once
+        got: list[str] = []
+        for _ in range(20):
+            got += [r.trajectory.id for r in await consumer.fetch(8, 0.5)]
+            if len(got) == 3:
+                break
+        await rollout_nc.close()
+        await trainer_nc.close()
+        return failures, got
+
+    try:
+        failures, got = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    assert failures == [1]
+    assert sorted(got) == sorted(make(i).id for i in range(3))

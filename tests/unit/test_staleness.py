@@ -130,9 +130,18 @@ def test_ledger_counts_a_stream_created_again_from_its_start_and_what_the_old_on
     ledger.record_step(2, 1, ["d"])  # one of the 6 acked since the last look
     again = checkpoint.Ledger.load(path)  # the trainer restarts
     assert (again.stream_created, again.stream_owed) == ("t1", 9)
-    # The new process holds nothing of the old stream: 9 owed - 4 acked = 5 lost.
-    assert again.follow_stream("t2", queued=2, held_elsewhere=0) == 5
+    # The new process holds nothing of the old stream: 9 owed - 4 acked = 5 lost. It finds the new
+    # stream at a fetch (queued unknown); the old stream's queue_full drops are kept apart.
+    again.queue_full_current = 7
+    assert again.follow_stream("t2", queued=None, held_elsewhere=0) == 5
     assert (again.lost_with_store, again.acked_in_stream(0)) == (5, 0)
+    assert (again.queue_full_earlier, again.queue_full_current) == (7, 0)
+    assert again.follow_stream("t2", queued=None, held_elsewhere=0) is None
+    again.record_step(3, 2, ["f"])
+    assert (
+        checkpoint.Ledger.load(path).queue_full_earlier,
+        checkpoint.Ledger.load(path).lost_with_store,
+    ) == (7, 5)
     # The same, in a process still holding 1 message of the old stream (it will ack it, into the void).
     ledger.stream_created, ledger.stream_owed = "t1", 9
     assert ledger.follow_stream("t2", queued=2, held_elsewhere=1) == 4

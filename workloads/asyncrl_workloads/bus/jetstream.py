@@ -331,10 +331,16 @@ class Consumer:
         self._settings = settings
         self._max_ack_pending = max_ack_pending or max(1000, 2 * settings.max_size)
         self._sub: Any = None
+        self._reopening: str | None = None
+        """Why stream and consumer are being created again, until that has worked."""
         self.stream_created = ""
         """Creation time of the stream the consumer was opened on (`QueueState.created`)."""
 
     async def open(self) -> None:
+        """(Re)create the durable consumer and subscribe. The stream's creation time is read first,
+        and nothing is replaced unless every call answered: a half-open consumer never tags new
+        messages with the old stream (see `Received.stream`)."""
+        created = _created(await self._js.stream_info(self._settings.stream))
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await self._js.delete_consumer(self._settings.stream, subjects.TRAINER_CONSUMER)
         config = nats.js.api.ConsumerConfig(
@@ -351,16 +357,19 @@ class Consumer:
             stream=self._settings.stream,
             config=config,
         )
-        self.stream_created = _created(await self._js.stream_info(self._settings.stream))
+        self.stream_created = created
 
     async def fetch(self, max_msgs: int, timeout_s: float) -> list[Received]:
         """Up to `max_msgs` messages; [] if none arrived within `timeout_s`."""
+        if self._reopening is not None:  # an earlier attempt did not finish: the subscription is gone
+            await self._reopen(self._reopening, timeout_s)
+            return []
         try:
             msgs = await self._sub.fetch(max_msgs, timeout=timeout_s)
         except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either, depending on the path
             return []
         except (nats.js.errors.ServiceUnavailableError, nats.js.errors.NotFoundError) as exc:
-            await self._reopen(exc, timeout_s)
+            await self._reopen(type(exc).__name__, timeout_s)
             return []
         out = []
         for msg in msgs:
@@ -372,22 +381,34 @@ class Consumer:
                 out.append(Received(msg, None, str(exc), deliveries, seq, self.stream_created))
         return out
 
-    async def _reopen(self, exc: Exception, wait_s: float) -> None:
+    async def ack(self, received: Received) -> None:
+        """Ack a pulled message, unless its stream is gone (NATS came back without its store): an ack
+        names stream, consumer and sequence, all three the same in the stream created again, so it
+        would remove whichever message there has that sequence."""
+        if received.stream == self.stream_created:
+            await received.msg.ack()
+
+    async def _reopen(self, why: str, wait_s: float) -> None:
         """The pull found no consumer (503/404): the server came back without its store (an emptyDir
         NATS pod replaced; what was queued is gone) or JetStream is still starting. Stream and
         consumer are created again (opening redelivers what is unacked: the ledger and the batcher
-        skip what they have). If the bus does not answer yet, the next fetch tries again."""
-        log.warning("bus: the trainer's consumer is gone (%s); creating stream and consumer again",
-                    type(exc).__name__)  # fmt: skip
+        skip what they have). Until that has worked, every fetch tries again (and returns [])."""
+        if self._reopening is None:
+            log.warning("bus: the trainer's consumer is gone (%s); creating stream and consumer again", why)
+            self._reopening = why
         await asyncio.sleep(min(wait_s, RECONNECT_WAIT_S))
         if not await _recreate_stream(self._js, self._settings):
             return
-        with contextlib.suppress(nats.errors.Error):
-            await self._sub.unsubscribe()
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+            self._sub = None
         try:
             await self.open()
         except (*NO_ANSWER, nats.errors.Error) as err:
             log.debug("bus: consumer not re-created yet: %r", err)
+            return
+        self._reopening = None
 
     async def state(self) -> QueueState:
         info = await self._js.stream_info(self._settings.stream)

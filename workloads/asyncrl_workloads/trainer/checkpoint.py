@@ -35,7 +35,13 @@ from asyncrl_workloads.trainer import fsdp
 
 LEDGER = "ledger.json"
 _COUNTERS = ("step", "param_version", "acked_total", "consumed_total", "dropped_stale", "dropped_invalid")
-_STREAM_COUNTERS = ("lost_with_store", "stream_acked_base", "stream_owed")
+_STREAM_COUNTERS = (
+    "lost_with_store",
+    "stream_acked_base",
+    "stream_owed",
+    "queue_full_current",
+    "queue_full_earlier",
+)
 _PREFIX = "step-"
 
 
@@ -70,6 +76,10 @@ class Ledger:
     held then: acks up to this went to a stream that is gone."""
     stream_owed: int = 0
     """`acked_total` the trainer would reach by acking everything that stream held at its last look."""
+    queue_full_current: int = 0
+    """Messages the current stream discarded (dropOldest) before the trainer saw them."""
+    queue_full_earlier: int = 0
+    """The same, summed over the streams lost before it."""
     recent: list[tuple[int, float, list[str]]] = dataclasses.field(default_factory=list)
     """(step, unix time, ids trained or dropped), newest last; entries of the last `keep_steps` steps or
     younger than `keep_seconds` are kept. Only unacked messages come back, and the loop flushes its
@@ -109,27 +119,36 @@ class Ledger:
         self.dropped_invalid += len(invalid_ids) + undecodable
         self._remember(self.step, stale_ids + invalid_ids)
 
-    def follow_stream(self, created: str, queued: int, held_elsewhere: int) -> int | None:
-        """The trainer looked at the bus stream: created at `created`, holding `queued` messages (unacked
-        ones included), while the trainer holds `held_elsewhere` unacked messages pulled from an earlier
-        stream (they are acked later, into the void). Returns None if it is the stream of the last look
-        (or the first look of this job, or of a ledger older than this bookkeeping), else the samples
-        lost with the old stream.
+    def follow_stream(self, created: str, queued: int | None, held_elsewhere: int) -> int | None:
+        """The trainer pulled from, or looked at, the bus stream created at `created`, holding `queued`
+        messages (unacked ones included; None: not looked at, only pulled from), while it holds
+        `held_elsewhere` unacked messages pulled from an earlier stream (trained or dropped later and
+        counted in `acked_total`, but their acks are not sent: `Consumer.ack`). Returns None if it is
+        the stream of the last look (or the first look of this job, or of a ledger older than this
+        bookkeeping), else the samples lost with the old stream.
 
-        A stream other than the one of the last look means NATS came back without its store: what the
-        old one held then and was not acked since is lost (the messages stored after that look are lost
-        too, unseen: so this is a lower bound). Acks counted from here on are the new stream's, from
-        `stream_acked_base` (see `acked_in_stream`). Persisted with the next step's save.
-        Approximate in one corner: a trainer that dies still holding messages of the lost stream never
-        acks them, and the restarted one counts them as queue_full drops instead of lost."""
+        A stream other than the last one means NATS came back without its store: what the old one
+        held at the last look and was not acked since is lost (the messages stored after that look
+        are lost too, unseen: so this is a lower bound). Acks counted from here on are the new
+        stream's, from `stream_acked_base` (see `acked_in_stream`), and its queue_full drops start
+        from 0 (`queue_full_current`). The caller must tell the switch before any message of the new
+        stream is recorded or acked (trainer/inbox.py does, at the fetch). Persisted with the next
+        step's save, which comes before any ack. Approximate in two corners: a trainer that dies still
+        holding messages of the lost stream never acks them, and the restarted one counts them as
+        queue_full drops instead of lost; a publish stored in both streams (in flight at the loss) is
+        skipped as a redelivery, and also counted as a queue_full drop."""
         lost = None
         if created and created != self.stream_created:  # "": a server that does not say (taken as the same)
             if self.stream_created:
                 lost = max(self.stream_owed - self.acked_total - held_elsewhere, 0)
                 self.lost_with_store += lost
                 self.stream_acked_base = self.acked_total + held_elsewhere
+                self.queue_full_earlier += self.queue_full_current
+                self.queue_full_current = 0
             self.stream_created = created
-        self.stream_owed = self.acked_total + held_elsewhere + queued
+            self.stream_owed = self.acked_total + held_elsewhere + (queued or 0)
+        elif queued is not None:
+            self.stream_owed = self.acked_total + held_elsewhere + queued
         return lost
 
     def acked_in_stream(self, held_elsewhere: int) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 from asyncrl_workloads import metrics as metrics_mod
@@ -29,6 +30,8 @@ from asyncrl_workloads.bus import jetstream
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.trainer import batcher as batcher_mod
 from asyncrl_workloads.trainer import checkpoint, staleness
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +96,25 @@ class Inbox:
             await self._sort(await self.consumer.fetch(self.fetch_batch, self.fetch_timeout_s), version)
         return None
 
+    def follow_stream(self, created: str, queued: int | None = None) -> None:
+        """Tell the ledger which bus stream the trainer pulls from or looked at (`Ledger.follow_stream`);
+        a stream created again (NATS came back without its store) is logged, and what the old one
+        held is counted dropped{reason=store_lost}."""
+        if queued is None and created == self.ledger.stream_created:
+            return  # the fetch path's common case: nothing to count
+        held_elsewhere = sum(1 for r in self.batcher.handles() if r.stream != created)
+        lost = self.ledger.follow_stream(created, queued, held_elsewhere)
+        if lost is not None:
+            log.warning(
+                "bus: the trajectory stream was created again (NATS came back without its store): "
+                "%d queued samples lost with it, at least",
+                lost,
+            )
+            self.metrics.dropped["store_lost"].inc(lost)
+
     async def _sort(self, received: list[jetstream.Received], version: int) -> None:
+        if received:  # before any of them is recorded or acked
+            self.follow_stream(self.consumer.stream_created)
         stale: list[jetstream.Received] = []
         invalid: list[jetstream.Received] = []
         for rec in received:
@@ -103,7 +124,7 @@ class Inbox:
                 continue
             if self.ledger.seen(traj.id):
                 self.redeliveries_skipped += 1
-                await rec.msg.ack()
+                await self.consumer.ack(rec)
                 continue
             verdict, _ = self.filter.judge(version, traj)
             if verdict is staleness.Verdict.KEEP:
@@ -124,7 +145,7 @@ class Inbox:
             undecodable=sum(1 for r in invalid if r.trajectory is None),
         )
         for rec in stale + invalid:
-            await rec.msg.ack()
+            await self.consumer.ack(rec)
         self.metrics.dropped["stale"].inc(len(stale))
         self.metrics.dropped["invalid"].inc(len(invalid))
         stale_tokens = _response_tokens(stale)

@@ -161,7 +161,7 @@ class Leader:
             if self.settings.kill_before_ack_step == state.step:
                 os.kill(os.getpid(), signal.SIGKILL)
             for t in taken:
-                await t.received.msg.ack()
+                await self.intake.consumer.ack(t.received)
             try:
                 await self.nc.flush()
             except jetstream.NO_ANSWER:  # the bus is down: the acks wait in the client's buffer

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import pathlib
 import statistics
 import time
@@ -31,8 +30,6 @@ import nats.js.errors
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
 from asyncrl_workloads.trainer import inbox, progress
-
-log = logging.getLogger(__name__)
 
 
 class StepLog:
@@ -48,8 +45,7 @@ class StepLog:
         self.path, self.intake, self.metrics, self.reporter = path, intake, metrics, reporter
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
         self.queue_full_reported = 0
-        self.queue_full_earlier_streams = 0
-        """Of `queue_full_reported`, the drops counted in streams lost before the current one."""
+        """queue_full drops this process has counted in its metric (the ledger has the job's)."""
         self.queue_depth = 0
         self.stored = 0
         self.started = time.monotonic()
@@ -71,31 +67,23 @@ class StepLog:
         """Read the bus consumer's state: queue depth and age, and samples the full stream dropped.
         While the bus does not answer (NATS restarting) or has no stream (it came back without its
         store; the next fetch creates it again) they keep their last values. A stream created again
-        since the last look (NATS came back without its store) is counted from its start, and what
-        the old one held is counted dropped{reason=store_lost} (see `Ledger.follow_stream`)."""
+        since the last look (NATS came back without its store) is counted from its start
+        (`Inbox.follow_stream`)."""
         try:
             state = await self.intake.consumer.state()
-        except (*jetstream.NO_ANSWER, nats.js.errors.NotFoundError):
+        except (*jetstream.NO_ANSWER, nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError):
             return
         self.queue_depth = state.messages
         self.metrics.queue_depth.set(state.messages)
         self.metrics.queue_oldest_age.set(state.oldest_age_s)
+        self.intake.follow_stream(state.created, state.messages)
         led = self.intake.ledger
         handles = self.intake.batcher.handles()
         held = [r.stream_seq for r in handles if r.stream == state.created]
         held_elsewhere = len(handles) - len(held)
-        lost = led.follow_stream(state.created, state.messages, held_elsewhere)
-        if lost is not None:
-            log.warning(
-                "bus: the trajectory stream was created again (NATS came back without its store): "
-                "%d queued samples lost with it, at least",
-                lost,
-            )
-            self.metrics.dropped["store_lost"].inc(lost)
-            self.queue_full_earlier_streams = self.queue_full_reported
-        dropped = self.queue_full_earlier_streams + jetstream.queue_full_drops(
-            state, led.acked_in_stream(held_elsewhere), held
-        )
+        current = jetstream.queue_full_drops(state, led.acked_in_stream(held_elsewhere), held)
+        led.queue_full_current = max(current, led.queue_full_current)  # never has to go down
+        dropped = led.queue_full_earlier + led.queue_full_current
         if dropped > self.queue_full_reported:
             self.metrics.dropped["queue_full"].inc(dropped - self.queue_full_reported)
             self.queue_full_reported = dropped
@@ -111,7 +99,7 @@ class StepLog:
             "dropped_stale": led.dropped_stale,
             "dropped_stale_tokens": self.intake.dropped_stale_tokens,
             "dropped_invalid": led.dropped_invalid,
-            "dropped_queue_full": self.queue_full_reported,
+            "dropped_queue_full": led.queue_full_earlier + led.queue_full_current,
             "dropped_store_lost": led.lost_with_store,
             "queue_depth": self.queue_depth,
             "stored": self.stored,

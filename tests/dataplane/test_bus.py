@@ -544,3 +544,44 @@ def test_a_consumer_whose_re_creation_failed_half_way_tries_again_at_the_next_fe
             server.stop()
     assert failures == [1]
     assert sorted(got) == sorted(make(i).id for i in range(3))
+
+
+def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that_copy(tmp_path):
+    """A sample stored and held (half its group) when NATS lost its store; the rollout, unanswered,
+    publishes it again into the new stream. That copy is the one the trainer must ack: the held one's
+    stream is gone, and an unacked copy would come back after ack_wait to be trained twice."""
+    log = tmp_path / "nats-server.log"
+    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
+    settings = jetstream.StreamSettings("test", "twostreams", max_size=100)
+
+    async def scenario():
+        rollout_nc, trainer_nc = [await jetstream.connect(servers[0].url) for _ in range(2)]
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
+        consumer, intake = _intake(
+            trainer_nc.jetstream(), settings, checkpoint.Ledger.load(tmp_path / "ledger")
+        )
+        await consumer.open()
+        await pub.publish(make(1, 0, group_size=2))
+        assert await intake.next_batch(0, asyncio.Event(), wait_s=1.0) == []  # held: half a group
+        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        await pub.publish(make(1, 0, group_size=2))  # the same sample again, into the new stream
+        await pub.publish(make(1, 1, group_size=2))
+        await pub.publish(make(2))
+        batch = await intake.next_batch(0, asyncio.Event(), wait_s=30.0)
+        intake.ledger.record_step(1, 0, [t.trajectory.id for t in batch])
+        for t in batch:
+            await consumer.ack(t.received)
+        await trainer_nc.flush()
+        state = await consumer.state()
+        await rollout_nc.close()
+        await trainer_nc.close()
+        return batch, state
+
+    try:
+        batch, state = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    assert sorted(t.trajectory.id for t in batch) == sorted(make(*a).id for a in ((1, 0, 2), (1, 1, 2), (2,)))
+    assert (state.last_seq, state.messages) == (3, 0)  # all three of the new stream acked

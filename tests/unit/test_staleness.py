@@ -137,6 +137,9 @@ def test_ledger_counts_a_stream_created_again_from_its_start_and_what_the_old_on
     assert (again.lost_with_store, again.acked_in_stream(0)) == (5, 0)
     assert (again.queue_full_earlier, again.queue_full_current) == (7, 0)
     assert again.follow_stream("t2", queued=None, held_elsewhere=0) is None
+    # A message of the left stream, still buffered in the client, does not switch back.
+    assert again.follow_stream("t1", queued=None, held_elsewhere=0) is None
+    assert (again.stream_created, again.lost_with_store, again.queue_full_earlier) == ("t2", 5, 7)
     again.record_step(3, 2, ["f"])
     assert (
         checkpoint.Ledger.load(path).queue_full_earlier,

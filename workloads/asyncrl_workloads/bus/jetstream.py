@@ -333,6 +333,7 @@ class Consumer:
         self._sub: Any = None
         self._reopening: str | None = None
         """Why stream and consumer are being created again, until that has worked."""
+        self._reopen_attempts = 0
         self.stream_created = ""
         """Creation time of the stream the consumer was opened on (`QueueState.created`)."""
 
@@ -395,7 +396,8 @@ class Consumer:
         skip what they have). Until that has worked, every fetch tries again (and returns [])."""
         if self._reopening is None:
             log.warning("bus: the trainer's consumer is gone (%s); creating stream and consumer again", why)
-            self._reopening = why
+            self._reopening, self._reopen_attempts = why, 0
+        self._reopen_attempts += 1
         await asyncio.sleep(min(wait_s, RECONNECT_WAIT_S))
         if not await _recreate_stream(self._js, self._settings):
             return
@@ -406,7 +408,8 @@ class Consumer:
         try:
             await self.open()
         except (*NO_ANSWER, nats.errors.Error) as err:
-            log.debug("bus: consumer not re-created yet: %r", err)
+            level = logging.WARNING if self._reopen_attempts % 30 == 0 else logging.DEBUG
+            log.log(level, "bus: consumer not re-created yet (attempt %d): %r", self._reopen_attempts, err)
             return
         self._reopening = None
 

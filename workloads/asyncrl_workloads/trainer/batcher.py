@@ -63,6 +63,20 @@ class GroupBatcher(Generic[H]):
         group.members.append((traj, handle))
         return True
 
+    def handle_of(self, traj: trajectory_mod.Trajectory) -> H | None:
+        """The handle held for this sample of its group, if any."""
+        group = self._groups.get(traj.group_id)
+        members = group.members if group is not None else []
+        return next((h for t, h in members if t.sample_index == traj.sample_index), None)
+
+    def replace(self, traj: trajectory_mod.Trajectory, handle: H) -> None:
+        """Hold this copy of an already held sample instead of the one held (its handle is the one to
+        ack now)."""
+        group = self._groups[traj.group_id]
+        group.members = [
+            (traj, handle) if t.sample_index == traj.sample_index else (t, h) for t, h in group.members
+        ]
+
     def note_dropped(self, traj: trajectory_mod.Trajectory) -> None:
         """A member of the group was dropped (stale): the group need not wait for it."""
         group = self._group(traj)

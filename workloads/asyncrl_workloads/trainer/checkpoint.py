@@ -43,6 +43,7 @@ _STREAM_COUNTERS = (
     "queue_full_earlier",
 )
 _PREFIX = "step-"
+_STREAMS_LEFT_KEPT = 8
 
 
 def write_atomic(path: pathlib.Path, text: str) -> None:
@@ -80,6 +81,9 @@ class Ledger:
     """Messages the current stream discarded (dropOldest) before the trainer saw them."""
     queue_full_earlier: int = 0
     """The same, summed over the streams lost before it."""
+    streams_left: list[str] = dataclasses.field(default_factory=list)
+    """Creation times of the last streams left behind: a message of one of them, still buffered in
+    the client when the trainer already counts the new stream, must not switch it back."""
     recent: list[tuple[int, float, list[str]]] = dataclasses.field(default_factory=list)
     """(step, unix time, ids trained or dropped), newest last; entries of the last `keep_steps` steps or
     younger than `keep_seconds` are kept. Only unacked messages come back, and the loop flushes its
@@ -100,6 +104,7 @@ class Ledger:
         for name in _STREAM_COUNTERS:  # absent from ledgers written before they were kept
             setattr(ledger, name, int(body.get(name, 0)))
         ledger.stream_created = str(body.get("stream_created", ""))
+        ledger.streams_left = [str(c) for c in body.get("streams_left", [])]
         ledger.recent = [(int(s), float(t), list(ids)) for s, t, ids in body["recent"]]
         ledger._seen = {i for _, _, ids in ledger.recent for i in ids}
         return ledger
@@ -136,10 +141,14 @@ class Ledger:
         step's save, which comes before any ack. Approximate in two corners: a trainer that dies still
         holding messages of the lost stream never acks them, and the restarted one counts them as
         queue_full drops instead of lost; a publish stored in both streams (in flight at the loss) is
-        skipped as a redelivery, and also counted as a queue_full drop."""
+        trained once (its second copy skipped as a redelivery, or acked in place of a held first copy:
+        trainer/inbox.py) and also counted as one queue_full drop."""
         lost = None
+        if created in self.streams_left:
+            return None
         if created and created != self.stream_created:  # "": a server that does not say (taken as the same)
             if self.stream_created:
+                self.streams_left = [*self.streams_left, self.stream_created][-_STREAMS_LEFT_KEPT:]
                 lost = max(self.stream_owed - self.acked_total - held_elsewhere, 0)
                 self.lost_with_store += lost
                 self.stream_acked_base = self.acked_total + held_elsewhere
@@ -172,6 +181,7 @@ class Ledger:
             return
         body: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS + _STREAM_COUNTERS}
         body["stream_created"] = self.stream_created
+        body["streams_left"] = self.streams_left
         body["recent"] = self.recent
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(body))

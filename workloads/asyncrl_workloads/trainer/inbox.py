@@ -128,13 +128,22 @@ class Inbox:
                 continue
             verdict, _ = self.filter.judge(version, traj)
             if verdict is staleness.Verdict.KEEP:
-                self.batcher.add(
-                    traj, rec
-                )  # False: a redelivery of a held message; the held one is acked later
+                if not self.batcher.add(traj, rec):
+                    self._redelivered_while_held(traj, rec)
             else:
                 self.batcher.note_dropped(traj)
                 (stale if verdict is staleness.Verdict.STALE else invalid).append(rec)
         await self._drop(stale, invalid)
+
+    def _redelivered_while_held(self, traj: trajectory_mod.Trajectory, rec: jetstream.Received) -> None:
+        """Another copy of a held sample: normally the same message delivered again, acked later through
+        the held one. If the held copy came from a stream that is gone (NATS lost its store) and this
+        one from the current stream (the rollout published it again, unanswered at the loss), the held
+        copy can no longer be acked, so this one is held instead: left unacked it would come back after
+        ack_wait, when the ledger may have forgotten the id, and be trained twice."""
+        held = self.batcher.handle_of(traj)
+        if held is not None and held.stream != rec.stream == self.consumer.stream_created:
+            self.batcher.replace(traj, rec)
 
     async def _drop(self, stale: list[jetstream.Received], invalid: list[jetstream.Received]) -> None:
         if not stale and not invalid:

@@ -585,3 +585,61 @@ def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that
             server.stop()
     assert sorted(t.trajectory.id for t in batch) == sorted(make(*a).id for a in ((1, 0, 2), (1, 1, 2), (2,)))
     assert (state.last_seq, state.messages) == (3, 0)  # all three of the new stream acked
+
+
+def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(tmp_path):
+    """The ledger keeps the job's queue_full count; a restarted trainer's counter must add only the
+    drops it finds new (else Prometheus' increase() counts every earlier drop again at each restart)."""
+    settings = jetstream.StreamSettings("test", "restartdrops", max_size=3, when_full="dropOldest")
+    labels = {
+        "namespace": "test",
+        "job": settings.job,
+        "role": "trainer",
+        "replica": "0",
+        "reason": "queue_full",
+    }
+    ledger_path = tmp_path / "ledger"
+    servers = [natsserver.start(store_dir=tmp_path / "store", log_path=tmp_path / "nats-server.log")]
+
+    def counted():
+        return metrics.REGISTRY.get_sample_value("asyncrl_trajectories_dropped_total", labels) or 0.0
+
+    async def trainer():
+        nc = await jetstream.connect(servers[0].url)
+        consumer, intake = _intake(nc.jetstream(), settings, checkpoint.Ledger.load(ledger_path))
+        await consumer.open()
+        return nc, intake, steplog.StepLog(None, intake, intake.metrics, progress.Reporter(None, 1.0))
+
+    async def scenario():
+        rollout_nc = await jetstream.connect(servers[0].url)
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
+        for i in range(5):  # 2 discarded
+            await pub.publish(make(i))
+        nc, intake, steps = await trainer()
+        await steps.refresh_queue()
+        first = counted()
+        batch = await intake.next_batch(0, asyncio.Event(), wait_s=10.0)  # 2 trained, 1 held
+        intake.ledger.record_step(1, 0, [t.trajectory.id for t in batch])
+        for t in batch:
+            await intake.consumer.ack(t.received)
+        await nc.flush()
+        await nc.close()  # the trainer dies holding one
+        nc, intake, steps = await trainer()
+        await steps.refresh_queue()
+        after_restart = counted()
+        for i in range(5, 8):  # the queue is full again: the oldest (the one held before) discarded
+            await pub.publish(make(i))
+        await steps.refresh_queue()
+        later = counted()
+        await nc.close()
+        await rollout_nc.close()
+        return first, after_restart, later, steps.counters()
+
+    try:
+        first, after_restart, later, counters = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    assert (first, after_restart, later) == (2, 2, 3)
+    assert counters["dropped_queue_full"] == 3

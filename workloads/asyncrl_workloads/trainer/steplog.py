@@ -44,8 +44,11 @@ class StepLog:
     ) -> None:
         self.path, self.intake, self.metrics, self.reporter = path, intake, metrics, reporter
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
-        self.queue_full_reported = 0
-        """queue_full drops this process has counted in its metric (the ledger has the job's)."""
+        led = intake.ledger
+        self.queue_full_reported = led.queue_full_earlier + led.queue_full_current
+        """The job's queue_full drops up to what this process has counted in its metric. It starts at
+        the ledger's count: a restarted trainer's counter starts at 0 and counts only drops it finds
+        new, so Prometheus' increase() does not count the earlier ones again."""
         self.queue_depth = 0
         self.stored = 0
         self.started = time.monotonic()

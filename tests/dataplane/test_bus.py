@@ -7,10 +7,12 @@ rollout (Publisher) and the trainer (Consumer, Inbox, Ledger) use in production.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import nats
 import pytest
+from asyncrl_testing import netfaults
 from asyncrl_workloads import metrics
 from asyncrl_workloads.bus import jetstream, trajectory
 from asyncrl_workloads.local import natsserver
@@ -266,31 +268,55 @@ def test_a_held_sample_discarded_by_the_server_is_not_counted_as_dropped(nats_se
     assert jetstream.queue_full_drops(after, acked_total=3) == 2
 
 
-async def crash_nats(servers: list, store, log, outage_s: float) -> None:
-    """SIGKILL the newest of ``servers`` and start nats-server again ``outage_s`` later on its port
-    with the JetStream store ``store`` (the same one: a pod restarted; a new one: an emptyDir lost)."""
-    port = servers[-1].port
-    servers[-1].child.process.kill()
-    servers[-1].child.process.wait()
-    await asyncio.sleep(outage_s)
-    servers.append(await asyncio.to_thread(natsserver.start, store_dir=store, log_path=log, port=port))
+class RestartableNats:
+    """A nats-server that a test SIGKILLs and starts again on the same port (`crash`), with the rollout's
+    and the trainer's connections made by the `jetstream.connect` their processes use (`clients`)."""
+
+    def __init__(self, tmp_path):
+        self.tmp, self.log, self.store = tmp_path, tmp_path / "nats-server.log", tmp_path / "store-1"
+        self.servers = [natsserver.start(store_dir=self.store, log_path=self.log)]
+        self.url = self.servers[0].url
+
+    async def clients(self, settings):
+        """(rollout, trainer) connections, the job's stream created."""
+        rollout_nc, trainer_nc = [await jetstream.connect(self.url) for _ in range(2)]
+        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        return rollout_nc, trainer_nc
+
+    async def crash(self, outage_s: float, keep_store: bool = True) -> None:
+        """SIGKILL the server and start it again ``outage_s`` later on its port, with its JetStream store
+        (a pod restarted) or an empty one (an emptyDir pod replaced)."""
+        if not keep_store:
+            self.store = self.tmp / f"store-{len(self.servers) + 1}"
+        crash = functools.partial(netfaults.crash_nats, self.servers[-1], outage_s, self.store, self.log)
+        self.servers.append(await asyncio.to_thread(crash))  # the clients' event loop runs meanwhile
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
 
 
-def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_twice(tmp_path):
+@pytest.fixture
+def restartable_nats(tmp_path):
+    bus = RestartableNats(tmp_path)
+    try:
+        yield bus
+    finally:
+        bus.stop()
+
+
+def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_twice(restartable_nats):
     """The bus's nats-server is SIGKILLed mid-stream and started again 7 s later on the same port and
     store (a NATS pod restarted by the kubelet): longer than a JetStream request's 5 s timeout, so a
     publish goes unanswered, its message is sent again after the reconnect, and the attempt nats-py
     buffered meanwhile arrives too. Rollout and trainer hold their own connections, made by the
     `jetstream.connect` their processes use."""
-    store, log = tmp_path / "nats-store", tmp_path / "nats-server.log"
-    servers = [natsserver.start(store_dir=store, log_path=log)]
-    url, count = servers[0].url, 60
+    count = 60
     settings = jetstream.StreamSettings("test", "outage", max_size=1000)
     metric = bound("outage")
 
     async def scenario():
-        rollout_nc, trainer_nc = await jetstream.connect(url), await jetstream.connect(url)
-        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        rollout_nc, trainer_nc = await restartable_nats.clients(settings)
         consumer = jetstream.Consumer(trainer_nc.jetstream(), settings)
         await consumer.open()
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings, metric)
@@ -312,7 +338,7 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
 
         async def crash_and_restart():
             await asyncio.sleep(1.0)
-            await crash_nats(servers, store, log, outage_s=7.0)
+            await restartable_nats.crash(outage_s=7.0)
 
         outage = asyncio.create_task(crash_and_restart())
         results, _ = await asyncio.wait_for(asyncio.gather(produce(), consume()), 120)
@@ -323,11 +349,7 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
         await trainer_nc.close()
         return results, got, state, pub.retries, created
 
-    try:
-        results, got, state, retries, created = asyncio.run(scenario())
-    finally:
-        for server in servers:
-            server.stop()
+    results, got, state, retries, created = asyncio.run(scenario())
     assert retries >= 1  # the outage was felt by the publisher
     assert results == [True] * count  # every sample counted produced exactly once
     assert sorted(got) == sorted(make(i).id for i in range(count))  # each delivered once: none lost
@@ -340,13 +362,10 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
     assert sample("asyncrl_bus_publish_retries_total", labels) == retries
 
 
-def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_consumer_again(tmp_path):
+def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_consumer_again(restartable_nats):
     """An emptyDir NATS pod replaced: the server comes back empty. What was queued is gone (the
     chart's `bus.nats.storage` keeps it); what is published after must still reach the trainer,
     without either process restarting."""
-    log = tmp_path / "nats-server.log"
-    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
-    url = servers[0].url
     settings = jetstream.StreamSettings("test", "storelost", max_size=1000)
 
     async def drain(consumer, want):
@@ -358,15 +377,14 @@ def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_con
         return got
 
     async def scenario():
-        rollout_nc, trainer_nc = await jetstream.connect(url), await jetstream.connect(url)
-        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        rollout_nc, trainer_nc = await restartable_nats.clients(settings)
         consumer = jetstream.Consumer(trainer_nc.jetstream(), settings)
         await consumer.open()
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
         for i in range(5):
             await pub.publish(make(i))
         before = await drain(consumer, 5)
-        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)  # back with an empty store
+        await restartable_nats.crash(outage_s=0.0, keep_store=False)  # back with an empty store
 
         async def publish_after():
             return [await pub.publish(make(i)) for i in range(5, 10)]
@@ -377,26 +395,22 @@ def test_after_a_nats_restart_without_its_store_both_sides_create_stream_and_con
         await trainer_nc.close()
         return before, published, after, pub.retries
 
-    try:
-        before, published, after, retries = asyncio.run(scenario())
-    finally:
-        for server in servers:
-            server.stop()
+    before, published, after, retries = asyncio.run(scenario())
     assert sorted(before) == sorted(make(i).id for i in range(5))
     assert published == [True] * 5 and retries >= 1
     assert sorted(after) == sorted(make(i).id for i in range(5, 10))
 
 
 @pytest.mark.parametrize("first", ["refresh", "fetch"])
-def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_path, first):
+def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(
+    restartable_nats, tmp_path, first
+):
     """The trainer's bookkeeping (Inbox, StepLog.refresh_queue, the ledger) across a NATS pod that came
     back empty: the samples queued in the old stream are counted dropped{reason=store_lost}, the held
     one of the old stream is not (it is trained later), and the new stream's discards are counted
     queue_full, though its sequence starts again at 1 while the trainer's acks kept counting. The
     trainer may first see the new stream in its queue state (``refresh``) or, as it mostly does, train
     two steps on it before it looks (``fetch``): the counts are the same."""
-    log = tmp_path / "nats-server.log"
-    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
     settings = jetstream.StreamSettings("test", f"storecount-{first}", max_size=5, when_full="dropOldest")
     labels = {"namespace": "test", "job": settings.job, "role": "trainer", "replica": "0"}
 
@@ -412,11 +426,7 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_
             await intake.consumer.ack(t.received)
 
     async def scenario():
-        rollout_nc, trainer_nc = (
-            await jetstream.connect(servers[0].url),
-            await jetstream.connect(servers[0].url),
-        )
-        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        rollout_nc, trainer_nc = await restartable_nats.clients(settings)
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
         consumer, intake = _intake(
             trainer_nc.jetstream(), settings, checkpoint.Ledger.load(tmp_path / "ledger")
@@ -433,7 +443,7 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_
         await trainer_nc.flush()
         await steps.refresh_queue()
         before = steps.counters()
-        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        await restartable_nats.crash(outage_s=0.0, keep_store=False)
         for i in range(20, 28):  # 8 into a stream of 5: 3 discarded
             await pub.publish(make(i))
         if first == "refresh":
@@ -447,11 +457,7 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_
         await trainer_nc.close()
         return before, end
 
-    try:
-        before, end = asyncio.run(scenario())
-    finally:
-        for server in servers:
-            server.stop()
+    before, end = asyncio.run(scenario())
     assert (before["consumed"], before["queue_depth"], before["dropped_queue_full"]) == (4, 5, 0)
     assert (end["consumed"], end["stored"], end["queue_depth"]) == (8, 8, 1)  # 1 held, unacked
     assert (end["dropped_store_lost"], end["dropped_queue_full"]) == (4, 3)
@@ -460,23 +466,20 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(tmp_
     assert (ledger.lost_with_store, ledger.queue_full_earlier) == (4, 0)
 
 
-def test_an_ack_for_a_message_of_the_lost_stream_is_not_sent(tmp_path):
+def test_an_ack_for_a_message_of_the_lost_stream_is_not_sent(restartable_nats):
     """An ack names stream, consumer and sequence, and all three are the same in the stream created
     again: a held message of the lost stream, acked, would remove the new stream's message with its
     sequence (here both are sequence 1, the new one delivered and unacked)."""
-    log = tmp_path / "nats-server.log"
-    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
     settings = jetstream.StreamSettings("test", "oldack", max_size=100)
 
     async def scenario():
-        rollout_nc, trainer_nc = [await jetstream.connect(servers[0].url) for _ in range(2)]
-        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        rollout_nc, trainer_nc = await restartable_nats.clients(settings)
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
         consumer = jetstream.Consumer(trainer_nc.jetstream(), settings)
         await consumer.open()
         await pub.publish(make(1))
         (old,) = await consumer.fetch(8, 5.0)
-        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        await restartable_nats.crash(outage_s=0.0, keep_store=False)
         await pub.publish(make(2))
         new = []
         while not new:
@@ -491,32 +494,25 @@ def test_an_ack_for_a_message_of_the_lost_stream_is_not_sent(tmp_path):
         await trainer_nc.close()
         return old, new, after_old_ack, after_new_ack
 
-    try:
-        old, new, after_old_ack, after_new_ack = asyncio.run(scenario())
-    finally:
-        for server in servers:
-            server.stop()
+    old, new, after_old_ack, after_new_ack = asyncio.run(scenario())
     assert (old.stream_seq, new[0].stream_seq) == (1, 1) and old.stream != new[0].stream
     assert after_old_ack == 1  # the new stream's message is still there
     assert after_new_ack == 0
 
 
-def test_a_consumer_whose_re_creation_failed_half_way_tries_again_at_the_next_fetch(tmp_path):
+def test_a_consumer_whose_re_creation_failed_half_way_tries_again_at_the_next_fetch(restartable_nats):
     """NATS came back without its store and the first attempt to create the consumer again does not
     answer after the old subscription was dropped (the bus restarting once more): the next fetches
     must try again, not pull forever into a subscription that is gone."""
-    log = tmp_path / "nats-server.log"
-    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
     settings = jetstream.StreamSettings("test", "halfopen", max_size=100)
 
     async def scenario():
-        rollout_nc, trainer_nc = [await jetstream.connect(servers[0].url) for _ in range(2)]
-        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        rollout_nc, trainer_nc = await restartable_nats.clients(settings)
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
         js = trainer_nc.jetstream()
         consumer = jetstream.Consumer(js, settings)
         await consumer.open()
-        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        await restartable_nats.crash(outage_s=0.0, keep_store=False)
         for i in range(3):
             await pub.publish(make(i))
         real, failures = js.pull_subscribe, []
@@ -537,26 +533,21 @@ def test_a_consumer_whose_re_creation_failed_half_way_tries_again_at_the_next_fe
         await trainer_nc.close()
         return failures, got
 
-    try:
-        failures, got = asyncio.run(scenario())
-    finally:
-        for server in servers:
-            server.stop()
+    failures, got = asyncio.run(scenario())
     assert failures == [1]
     assert sorted(got) == sorted(make(i).id for i in range(3))
 
 
-def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that_copy(tmp_path):
+def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that_copy(
+    restartable_nats, tmp_path
+):
     """A sample stored and held (half its group) when NATS lost its store; the rollout, unanswered,
     publishes it again into the new stream. That copy is the one the trainer must ack: the held one's
     stream is gone, and an unacked copy would come back after ack_wait to be trained twice."""
-    log = tmp_path / "nats-server.log"
-    servers = [natsserver.start(store_dir=tmp_path / "store-1", log_path=log)]
     settings = jetstream.StreamSettings("test", "twostreams", max_size=100)
 
     async def scenario():
-        rollout_nc, trainer_nc = [await jetstream.connect(servers[0].url) for _ in range(2)]
-        await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
+        rollout_nc, trainer_nc = await restartable_nats.clients(settings)
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
         consumer, intake = _intake(
             trainer_nc.jetstream(), settings, checkpoint.Ledger.load(tmp_path / "ledger")
@@ -564,7 +555,7 @@ def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that
         await consumer.open()
         await pub.publish(make(1, 0, group_size=2))
         assert await intake.next_batch(0, asyncio.Event(), wait_s=1.0) == []  # held: half a group
-        await crash_nats(servers, tmp_path / "store-2", log, outage_s=0.0)
+        await restartable_nats.crash(outage_s=0.0, keep_store=False)
         await pub.publish(make(1, 0, group_size=2))  # the same sample again, into the new stream
         await pub.publish(make(1, 1, group_size=2))
         await pub.publish(make(2))
@@ -578,16 +569,12 @@ def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that
         await trainer_nc.close()
         return batch, state
 
-    try:
-        batch, state = asyncio.run(scenario())
-    finally:
-        for server in servers:
-            server.stop()
+    batch, state = asyncio.run(scenario())
     assert sorted(t.trajectory.id for t in batch) == sorted(make(*a).id for a in ((1, 0, 2), (1, 1, 2), (2,)))
     assert (state.last_seq, state.messages) == (3, 0)  # all three of the new stream acked
 
 
-def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(tmp_path):
+def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(restartable_nats, tmp_path):
     """The ledger keeps the job's queue_full count; a restarted trainer's counter must add only the
     drops it finds new (else Prometheus' increase() counts every earlier drop again at each restart)."""
     settings = jetstream.StreamSettings("test", "restartdrops", max_size=3, when_full="dropOldest")
@@ -599,19 +586,18 @@ def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(tmp_
         "reason": "queue_full",
     }
     ledger_path = tmp_path / "ledger"
-    servers = [natsserver.start(store_dir=tmp_path / "store", log_path=tmp_path / "nats-server.log")]
 
     def counted():
         return metrics.REGISTRY.get_sample_value("asyncrl_trajectories_dropped_total", labels) or 0.0
 
     async def trainer():
-        nc = await jetstream.connect(servers[0].url)
+        nc = await jetstream.connect(restartable_nats.url)
         consumer, intake = _intake(nc.jetstream(), settings, checkpoint.Ledger.load(ledger_path))
         await consumer.open()
         return nc, intake, steplog.StepLog(None, intake, intake.metrics, progress.Reporter(None, 1.0))
 
     async def scenario():
-        rollout_nc = await jetstream.connect(servers[0].url)
+        rollout_nc = await jetstream.connect(restartable_nats.url)
         await jetstream.ensure_stream(rollout_nc.jetstream(), settings)
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
         for i in range(5):  # 2 discarded
@@ -636,10 +622,6 @@ def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(tmp_
         await rollout_nc.close()
         return first, after_restart, later, steps.counters()
 
-    try:
-        first, after_restart, later, counters = asyncio.run(scenario())
-    finally:
-        for server in servers:
-            server.stop()
+    first, after_restart, later, counters = asyncio.run(scenario())
     assert (first, after_restart, later) == (2, 2, 3)
     assert counters["dropped_queue_full"] == 3

@@ -26,7 +26,7 @@ from asyncrl_api import config
 from asyncrl_workloads import tinymodel
 from asyncrl_workloads.local import natsserver, process
 
-from asyncrl_testing import jobs, procfs
+from asyncrl_testing import jobs, netfaults, procfs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 Steps = list[dict[str, Any]]
@@ -84,12 +84,8 @@ class LocalJob:
         """SIGKILL the job's nats-server and start it again ``outage_s`` later on the same port, on the
         same JetStream store (a NATS pod the kubelet restarts, its store on a volume) or, without
         ``keep_store``, on an empty one (an emptyDir NATS pod replaced)."""
-        self.nats.child.process.kill()
-        self.nats.child.process.wait()
-        time.sleep(outage_s)
         store = self.tmp / "nats" if keep_store else self.tmp / f"nats-empty-{time.monotonic_ns()}"
-        self.nats = natsserver.start(store_dir=store, log_path=self.tmp / "nats-restarted.log",
-                                     port=self.nats.port)  # fmt: skip
+        self.nats = netfaults.crash_nats(self.nats, outage_s, store, self.tmp / "nats-restarted.log")
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")

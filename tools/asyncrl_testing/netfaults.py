@@ -1,14 +1,18 @@
-"""Network peers that misbehave on purpose, for tests of the rollout's weight-sync link."""
+"""Network peers that misbehave on purpose, for tests of the rollout's weight-sync link, and a bus that
+crashes (`crash_nats`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
+
+from asyncrl_workloads.local import natsserver
 
 
 def slamming_door() -> int:
@@ -75,3 +79,15 @@ def _state(pid: int) -> str:
     """The one-letter state in /proc/<pid>/stat (after the parenthesised command name)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def crash_nats(
+    server: natsserver.NatsServer, outage_s: float, store_dir: pathlib.Path, log_path: pathlib.Path
+) -> natsserver.NatsServer:
+    """SIGKILL ``server`` and start nats-server again ``outage_s`` later on its port, with the JetStream
+    store ``store_dir``: its own (a pod the kubelet restarts, its store on a volume) or an empty one (an
+    emptyDir pod replaced). Returns the new server."""
+    server.child.process.kill()
+    server.child.process.wait()
+    time.sleep(outage_s)
+    return natsserver.start(store_dir=store_dir, log_path=log_path, port=server.port)

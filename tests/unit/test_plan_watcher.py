@@ -82,10 +82,21 @@ def test_an_unreachable_trainer_is_handed_to_the_control_loop() -> None:
     link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=0.5)
     watcher = worker.PlanWatcher(link, period_s=0.01)
     try:
-        with pytest.raises(replica.TrainerUnreachable, match=f"127.0.0.1:{port}"):
+        with pytest.raises(replica.TrainerUnreachable, match=f"127.0.0.1:{port}") as raised:
             asyncio.run(asyncio.wait_for(watcher.next(0), 30))
+        assert not raised.value.silent  # refused: retried every second
     finally:
         watcher.close()
+
+
+def test_retries_at_a_silent_store_back_off_and_a_refusing_one_is_asked_every_second() -> None:
+    waits, last = [], None
+    for silent in [True] * 7:
+        last = worker.retry_after_s(last, silent)
+        waits.append(last)
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 16.0, 16.0]
+    assert worker.retry_after_s(16.0, silent=False) == 1.0  # frozen trainer replaced: it refuses
+    assert worker.retry_after_s(None, silent=True) == 1.0  # the first failure after a success
 
 
 def test_close_ends_the_thread(store: dist.TCPStore) -> None:
@@ -212,9 +223,10 @@ def test_calls_on_a_frozen_trainer_fail_and_the_link_reconnects_once_it_thaws(
     assert link.poll() is None and link.epoch == 1  # connected, nothing announced
     with netfaults.frozen(proc.pid):
         got = outcome_within(link.poll, BOUND)  # on the connection made before the freeze
-        assert isinstance(got, replica.TrainerUnreachable), got
+        assert isinstance(got, replica.TrainerUnreachable) and got.silent, got
         got = outcome_within(link.poll, BOUND)  # a new connection: the handshake is not answered
         assert isinstance(got, replica.TrainerUnreachable) and "did not answer" in str(got), got
+        assert got.silent  # the control loop backs off (worker.retry_after_s)
     writer = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
     plan = announce(writer, 1, version=2)
     assert outcome_within(link.poll, BOUND) == plan  # connected again (the old stream is dropped)

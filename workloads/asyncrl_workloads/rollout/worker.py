@@ -44,6 +44,24 @@ from asyncrl_workloads.weightsync import base, replica
 log = logging.getLogger(__name__)
 Publish = Callable[[trajectory_mod.Trajectory], Awaitable[bool]]
 
+RETRY_S = 1.0
+"""Wait before asking an unreachable trainer's store again."""
+SILENT_RETRY_MAX_S = 16.0
+"""Longest wait while the store keeps not answering (``TrainerUnreachable.silent``)."""
+
+
+def retry_after_s(last_s: float | None, silent: bool) -> float:
+    """The wait before the next try at the trainer's store, after a failed one (``last_s``: the wait
+    before that try, None after a success). A refused connection (the trainer restarting) is retried
+    every second: it costs a millisecond. A store that accepts and does not answer (a frozen or
+    partitioned trainer) costs the link's timeout per try and makes c10d log a C++ stack trace
+    (~20 lines, torch 2.13, no switch turns it off), so those waits double, up to
+    ``SILENT_RETRY_MAX_S``: one trace per ~20 s instead of one per ~6 s. A trainer replaced meanwhile is
+    found at the next try (a new process answers, or refuses until it listens)."""
+    if not silent or last_s is None:
+        return RETRY_S
+    return min(2 * last_s, SILENT_RETRY_MAX_S)
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
@@ -315,16 +333,21 @@ class RolloutWorker:
         watcher: PlanWatcher,
         updater: update_mod.Updater,
     ) -> None:
-        unreachable_logged = False
+        logged: bool | None = None  # how the last logged failure was (silent or not); None: none since
+        wait_s: float | None = None
         while not stop.is_set():
             try:
                 plan = await watcher.next(self._engine_epoch)
-                unreachable_logged = False
+                logged = wait_s = None
             except replica.TrainerUnreachable as exc:
-                if not unreachable_logged:
-                    log.warning("%s; retrying", exc)
-                    unreachable_logged = True
-                await asyncio.sleep(1.0)
+                wait_s = retry_after_s(wait_s, exc.silent)
+                if logged != exc.silent:
+                    log.warning(
+                        "%s; retrying%s", exc, " (backing off while it stays silent)" if exc.silent else ""
+                    )
+                    logged = exc.silent
+                with contextlib.suppress(TimeoutError):  # a stop does not wait out the back-off
+                    await asyncio.wait_for(stop.wait(), wait_s)
                 continue
             if link.epoch != self._engine_epoch:  # (re)connected: point the engine workers at the store
                 try:

@@ -22,7 +22,21 @@ T = TypeVar("T")
 
 
 class TrainerUnreachable(ConnectionError):
-    """The trainer's rendezvous store cannot be reached (not up yet, or restarting)."""
+    """The trainer's rendezvous store cannot be reached (not up yet, restarting, frozen, partitioned).
+
+    ``silent``: the store accepted the connection and did not answer within the link's timeout (a
+    frozen or partitioned trainer), so the try cost that timeout and c10d logged a C++ stack trace
+    for it; a refused connection (nothing listens) costs a millisecond and logs nothing."""
+
+    def __init__(self, message: str, silent: bool = False) -> None:
+        super().__init__(message)
+        self.silent = silent
+
+
+def _silent(exc: BaseException) -> bool:
+    """Whether a store failure is the trainer not answering (c10d's "Socket Timeout" on a call, our
+    `StoreNotAnswering` on a connect) rather than refusing or dropping the connection."""
+    return isinstance(exc, rendezvous.StoreNotAnswering) or "Socket Timeout" in str(exc)
 
 
 class TransferFailed(RuntimeError):
@@ -56,7 +70,7 @@ class ReplicaLink:
                 self._store = rendezvous.connect_store(self.host, self.port, self.connect_timeout)
             except (RuntimeError, OSError) as exc:
                 raise TrainerUnreachable(
-                    f"weight sync: trainer store {self.host}:{self.port}: {exc}"
+                    f"weight sync: trainer store {self.host}:{self.port}: {exc}", silent=_silent(exc)
                 ) from None
             trainer = rendezvous.read_str(self._store, rendezvous.TRAINER)
             if trainer != self._trainer:  # a new trainer process: its rounds count from 1 again
@@ -74,11 +88,13 @@ class ReplicaLink:
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return fn(self._connected(), *args)
-        except (TransferFailed, rendezvous.DeadlineExceeded):
-            raise  # a failed round, not a lost store
+        except (TransferFailed, rendezvous.DeadlineExceeded, TrainerUnreachable):
+            raise  # a failed round, not a lost store; or the (re)connection failed: said once
         except (RuntimeError, OSError) as exc:  # the trainer went away: reconnect and say hello again
             self._store = None
-            raise TrainerUnreachable(f"weight sync: lost the trainer store: {str(exc)[:120]}") from None
+            raise TrainerUnreachable(
+                f"weight sync: lost the trainer store: {str(exc)[:120]}", silent=_silent(exc)
+            ) from None
 
     def poll(self) -> base.Plan | None:
         """The newest plan not seen yet, or None. Says hello again when a plan leaves us out."""

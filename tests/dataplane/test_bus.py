@@ -173,12 +173,12 @@ def test_a_straggler_published_while_a_batch_waits_goes_into_that_batch_oldest_f
     assert [(t.trajectory.group_id, t.staleness) for t in second] == [("bus:p9", 2), ("bus:p2", 0)]
 
 
-def _intake(js, settings, ledger, max_staleness=1):
+def _intake(js, settings, ledger, max_staleness=1, prompts_per_step=2):
     consumer = jetstream.Consumer(js, settings)
     return consumer, inbox.Inbox(
         consumer,
         staleness.StalenessFilter(max_staleness),
-        batcher.GroupBatcher(2, 30.0),
+        batcher.GroupBatcher(prompts_per_step, 30.0),
         ledger,
         metrics.bind(metrics.Identity("test", settings.job, "trainer", "0")),
         fetch_timeout_s=0.2,
@@ -316,20 +316,20 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
     `jetstream.connect` their processes use; the trainer side is the trainer loop's intake (Inbox, ledger,
     ack after the step is recorded).
 
-    A SIGKILLed server can also forget the delivery and ack of the message it handed out last (its
-    consumer state reaches the store asynchronously): that message, stored once, is delivered again
-    after the restart (seen in CI: stream seq 20 delivered at the kill and again 8 s later, both times
-    as delivery 1). The ledger recognises it and acks it without training it."""
+    A SIGKILLed server can also forget the last ack it got: the ack's removal of the message from the
+    work-queue stream, like the consumer's state, reaches the store asynchronously. That message,
+    stored once, is delivered again after the restart (seen in CI: stream seq 20 delivered at the kill
+    and again 8 s later, both times as delivery 1; about 1 run in 7 here). The ledger recognises it
+    and acks it without training it (a redelivery happens in some runs only;
+    `test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice` proves it each run)."""
     count = 60
     settings = jetstream.StreamSettings("test", "outage", max_size=1000)
     metric = bound("outage")
 
     async def scenario():
         rollout_nc, trainer_nc = await restartable_nats.clients(settings)
-        consumer, intake = _intake(
-            trainer_nc.jetstream(), settings, checkpoint.Ledger.load(tmp_path / "ledger")
-        )
-        intake.batcher = batcher.GroupBatcher(1, 30.0)  # one sample per step: the ack follows each fetch
+        ledger = checkpoint.Ledger.load(tmp_path / "ledger")
+        consumer, intake = _intake(trainer_nc.jetstream(), settings, ledger, prompts_per_step=1)
         await consumer.open()
         pub = jetstream.Publisher(rollout_nc.jetstream(), settings, metric)
         created = consumer.stream_created
@@ -362,17 +362,18 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
         outage = asyncio.create_task(crash_and_restart())
         results, _ = await asyncio.wait_for(asyncio.gather(produce(), train()), 120)
         await outage
-        left = await intake.next_batch(0, stop, wait_s=1.0)  # a late redelivery is skipped and acked
+        left = await intake.next_batch(0, stop, wait_s=1.0)  # no copy stored beyond the 60
         await trainer_nc.flush()
         state = await consumer.state()
         await rollout_nc.close()
         await trainer_nc.close()
-        return results, trained, left, state, pub.retries, created
+        return results, trained, left, state, pub.retries, created, intake.redeliveries_skipped
 
-    results, trained, left, state, retries, created = asyncio.run(scenario())
+    results, trained, left, state, retries, created, skipped = asyncio.run(scenario())
     assert retries >= 1  # the outage was felt by the publisher
     assert results == [True] * count  # every sample counted produced exactly once
-    assert sorted(trained) == sorted(make(i).id for i in range(count))  # each trained once: none lost
+    expected = sorted(make(i).id for i in range(count))
+    assert sorted(trained) == expected, f"redeliveries skipped: {skipped}"  # each trained once, none lost
     assert left == []
     assert state.last_seq == count  # stored once each, though some were sent twice
     assert state.messages == 0  # every ack made it, the ones sent during the outage too

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import threading
@@ -13,8 +14,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch.distributed as dist
-from asyncrl_testing import netfaults
+from asyncrl_api import config
+from asyncrl_testing import jobs, netfaults
 from asyncrl_workloads.local import process
+from asyncrl_workloads.rollout import main as rollout_main
 from asyncrl_workloads.rollout import worker
 from asyncrl_workloads.weightsync import base, rendezvous, replica
 
@@ -84,19 +87,20 @@ def test_an_unreachable_trainer_is_handed_to_the_control_loop() -> None:
     try:
         with pytest.raises(replica.TrainerUnreachable, match=f"127.0.0.1:{port}") as raised:
             asyncio.run(asyncio.wait_for(watcher.next(0), 30))
-        assert not raised.value.silent  # refused: retried every second
+        assert raised.value.refused  # nothing listens: retried every second
     finally:
         watcher.close()
 
 
-def test_retries_at_a_silent_store_back_off_and_a_refusing_one_is_asked_every_second() -> None:
+def test_retries_back_off_unless_the_store_refuses() -> None:
     waits, last = [], None
-    for silent in [True] * 7:
-        last = worker.retry_after_s(last, silent)
+    for _ in range(7):  # a frozen trainer: every try costs the timeout
+        last = worker.retry_after_s(last, refused=False)
         waits.append(last)
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 16.0, 16.0]
-    assert worker.retry_after_s(16.0, silent=False) == 1.0  # frozen trainer replaced: it refuses
-    assert worker.retry_after_s(None, silent=True) == 1.0  # the first failure after a success
+    assert worker.retry_after_s(16.0, refused=True) == 1.0  # replaced: it refuses until it listens
+    assert worker.retry_after_s(None, refused=False) == 1.0  # the first failure after a success
+    assert worker.retry_after_s(4.0, refused=False, max_s=5.0) == 5.0  # below a short sync deadline
 
 
 def test_close_ends_the_thread(store: dist.TCPStore) -> None:
@@ -223,10 +227,10 @@ def test_calls_on_a_frozen_trainer_fail_and_the_link_reconnects_once_it_thaws(
     assert link.poll() is None and link.epoch == 1  # connected, nothing announced
     with netfaults.frozen(proc.pid):
         got = outcome_within(link.poll, BOUND)  # on the connection made before the freeze
-        assert isinstance(got, replica.TrainerUnreachable) and got.silent, got
+        assert isinstance(got, replica.TrainerUnreachable) and not got.refused, got
         got = outcome_within(link.poll, BOUND)  # a new connection: the handshake is not answered
         assert isinstance(got, replica.TrainerUnreachable) and "did not answer" in str(got), got
-        assert got.silent  # the control loop backs off (worker.retry_after_s)
+        assert not got.refused  # it cost the timeout: the control loop backs off (worker.retry_after_s)
     writer = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
     plan = announce(writer, 1, version=2)
     assert outcome_within(link.poll, BOUND) == plan  # connected again (the old stream is dropped)
@@ -250,3 +254,39 @@ def test_a_watcher_polling_a_frozen_trainer_ends_when_closed(
         watcher.close()
         watcher._thread.join(BOUND)
         assert not watcher._thread.is_alive()
+
+
+def test_a_partitioned_trainer_is_not_a_refusal() -> None:
+    """A connect that is never accepted (SYNs dropped; here a listener whose accept queue is full)
+    times out in the link's probe, before c10d, after the timeout: backed off from, not retried
+    every second."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(8):  # fill the accept queue; later SYNs are dropped
+                filler = socket.socket()
+                filler.setblocking(False)
+                filler.connect_ex(("127.0.0.1", port))
+                fillers.append(filler)
+            link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=FROZEN_AFTER)
+            got = outcome_within(link.poll, BOUND)
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert isinstance(got, replica.TrainerUnreachable) and not got.refused, got
+    assert "timed out" in str(got)
+
+
+@pytest.mark.parametrize(("deadline", "longest"), [(120, 16.0), (10, 5.0), (1, 1.0)])
+def test_the_back_off_stays_within_half_the_weight_sync_deadline(deadline: int, longest: float) -> None:
+    """A thawed trainer's first round waits `timeoutSeconds` for hellos: a rollout backing off still
+    tries at least twice within it."""
+    spec = jobs.deep_merge(
+        jobs.BASE_SPEC, {"model": {"path": "/m"}, "weightSync": {"timeoutSeconds": deadline}}
+    )
+    endpoints = config.Endpoints(nats_url="nats://127.0.0.1:4222", trainer_host="t", weight_sync_port=29600)
+    cfg = config.JobConfig(name="j", namespace="ns", spec=spec, endpoints=endpoints)
+    assert rollout_main.worker_settings(cfg, replica=0).retry_max_s == longest

@@ -79,6 +79,9 @@ def worker_settings(cfg: config_mod.JobConfig, replica: int) -> worker_mod.Worke
         * spec.async_.sync_every_steps,
         replicas=max(1, spec.rollout.replicas),
         prompt_key=spec.data.prompt_key,
+        retry_max_s=min(
+            worker_mod.RETRY_MAX_S, max(worker_mod.RETRY_S, spec.weight_sync.timeout_seconds / 2)
+        ),
     )
 
 

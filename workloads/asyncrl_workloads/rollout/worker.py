@@ -46,21 +46,23 @@ Publish = Callable[[trajectory_mod.Trajectory], Awaitable[bool]]
 
 RETRY_S = 1.0
 """Wait before asking an unreachable trainer's store again."""
-SILENT_RETRY_MAX_S = 16.0
-"""Longest wait while the store keeps not answering (``TrainerUnreachable.silent``)."""
+RETRY_MAX_S = 16.0
+"""Longest wait while the store keeps failing other than by refusing (``TrainerUnreachable.refused``)."""
 
 
-def retry_after_s(last_s: float | None, silent: bool) -> float:
+def retry_after_s(last_s: float | None, refused: bool, max_s: float = RETRY_MAX_S) -> float:
     """The wait before the next try at the trainer's store, after a failed one (``last_s``: the wait
     before that try, None after a success). A refused connection (the trainer restarting) is retried
-    every second: it costs a millisecond. A store that accepts and does not answer (a frozen or
-    partitioned trainer) costs the link's timeout per try and makes c10d log a C++ stack trace
-    (~20 lines, torch 2.13, no switch turns it off), so those waits double, up to
-    ``SILENT_RETRY_MAX_S``: one trace per ~20 s instead of one per ~6 s. A trainer replaced meanwhile is
-    found at the next try (a new process answers, or refuses until it listens)."""
-    if not silent or last_s is None:
+    every second: it costs a millisecond. Other failures (a frozen trainer's store accepts and does
+    not answer; a partitioned one does not even accept) cost the link's timeout per try, and a frozen
+    store makes c10d log two ~20-line C++ stack traces per try (torch 2.13; no switch turns them off),
+    so those waits double, up to ``max_s``: one try per ~20 s instead of one per ~6 s. A trainer
+    replaced meanwhile is found at the next try (a new process answers, or refuses until it listens).
+    The rollout sets ``max_s`` to half the weight-sync deadline at most, so a thawed trainer's first
+    round still finds it."""
+    if refused or last_s is None:
         return RETRY_S
-    return min(2 * last_s, SILENT_RETRY_MAX_S)
+    return min(2 * last_s, max_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,8 @@ class WorkerSettings:
     seed: int = 0
     poll_s: float = 0.02
     stall_release_s: float = 20.0
+    retry_max_s: float = RETRY_MAX_S
+    """Longest wait between tries at a trainer store that fails other than by refusing."""
 
 
 @dataclasses.dataclass
@@ -333,21 +337,25 @@ class RolloutWorker:
         watcher: PlanWatcher,
         updater: update_mod.Updater,
     ) -> None:
-        logged: bool | None = None  # how the last logged failure was (silent or not); None: none since
+        logged: bool | None = None  # whether the last logged failure was a refusal; None: none since
         wait_s: float | None = None
         while not stop.is_set():
             try:
                 plan = await watcher.next(self._engine_epoch)
                 logged = wait_s = None
             except replica.TrainerUnreachable as exc:
-                wait_s = retry_after_s(wait_s, exc.silent)
-                if logged != exc.silent:
+                wait_s = retry_after_s(wait_s, exc.refused, self.s.retry_max_s)
+                if logged != exc.refused:
                     log.warning(
-                        "%s; retrying%s", exc, " (backing off while it stays silent)" if exc.silent else ""
+                        "%s; retrying%s",
+                        exc,
+                        "" if exc.refused else f" (backing off to {self.s.retry_max_s:g} s)",
                     )
-                    logged = exc.silent
+                    logged = exc.refused
                 with contextlib.suppress(TimeoutError):  # a stop does not wait out the back-off
                     await asyncio.wait_for(stop.wait(), wait_s)
+                if exc.refused:  # the next failure of another kind waits 1 s first
+                    wait_s = None
                 continue
             if link.epoch != self._engine_epoch:  # (re)connected: point the engine workers at the store
                 try:

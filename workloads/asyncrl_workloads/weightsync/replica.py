@@ -8,6 +8,7 @@ receiving buckets) runs inside the vLLM engine workers, ``weightsync/gloo.py``.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -24,19 +25,16 @@ T = TypeVar("T")
 class TrainerUnreachable(ConnectionError):
     """The trainer's rendezvous store cannot be reached (not up yet, restarting, frozen, partitioned).
 
-    ``silent``: the store accepted the connection and did not answer within the link's timeout (a
-    frozen or partitioned trainer), so the try cost that timeout and c10d logged a C++ stack trace
-    for it; a refused connection (nothing listens) costs a millisecond and logs nothing."""
+    ``refused``: the connection was refused or the trainer's name does not resolve (nothing listens:
+    the trainer is starting or restarting). That costs a millisecond and logs nothing, so it is
+    retried every second. Any other failure (a store that accepts and does not answer: a frozen
+    trainer; a probe that times out: a partition; a connection dropped) may have cost the link's
+    timeout and made c10d log C++ stack traces, so the control loop backs off
+    (``rollout.worker.retry_after_s``)."""
 
-    def __init__(self, message: str, silent: bool = False) -> None:
+    def __init__(self, message: str, refused: bool = False) -> None:
         super().__init__(message)
-        self.silent = silent
-
-
-def _silent(exc: BaseException) -> bool:
-    """Whether a store failure is the trainer not answering (c10d's "Socket Timeout" on a call, our
-    `StoreNotAnswering` on a connect) rather than refusing or dropping the connection."""
-    return isinstance(exc, rendezvous.StoreNotAnswering) or "Socket Timeout" in str(exc)
+        self.refused = refused
 
 
 class TransferFailed(RuntimeError):
@@ -70,7 +68,8 @@ class ReplicaLink:
                 self._store = rendezvous.connect_store(self.host, self.port, self.connect_timeout)
             except (RuntimeError, OSError) as exc:
                 raise TrainerUnreachable(
-                    f"weight sync: trainer store {self.host}:{self.port}: {exc}", silent=_silent(exc)
+                    f"weight sync: trainer store {self.host}:{self.port}: {exc}",
+                    refused=isinstance(exc, (ConnectionRefusedError, socket.gaierror)),
                 ) from None
             trainer = rendezvous.read_str(self._store, rendezvous.TRAINER)
             if trainer != self._trainer:  # a new trainer process: its rounds count from 1 again
@@ -92,9 +91,7 @@ class ReplicaLink:
             raise  # a failed round, not a lost store; or the (re)connection failed: said once
         except (RuntimeError, OSError) as exc:  # the trainer went away: reconnect and say hello again
             self._store = None
-            raise TrainerUnreachable(
-                f"weight sync: lost the trainer store: {str(exc)[:120]}", silent=_silent(exc)
-            ) from None
+            raise TrainerUnreachable(f"weight sync: lost the trainer store: {str(exc)[:120]}") from None
 
     def poll(self) -> base.Plan | None:
         """The newest plan not seen yet, or None. Says hello again when a plan leaves us out."""

@@ -126,7 +126,7 @@ def test_ledger_counts_a_stream_created_again_from_its_start_and_what_the_old_on
     assert ledger.follow_stream("t1", queued=0, held_elsewhere=0) is None  # the job's first look
     ledger.record_step(1, 0, ["a", "b", "c"])
     assert ledger.follow_stream("t1", queued=6, held_elsewhere=0) is None  # 6 in it (1 of them held)
-    assert ledger.acked_in_stream(0) == 3
+    assert ledger.acked_in_stream() == 3
     ledger.record_step(2, 1, ["d"])  # one of the 6 acked since the last look
     again = checkpoint.Ledger.load(path)  # the trainer restarts
     assert (again.stream_created, again.stream_owed) == ("t1", 9)
@@ -134,7 +134,7 @@ def test_ledger_counts_a_stream_created_again_from_its_start_and_what_the_old_on
     # stream at a fetch (queued unknown); the old stream's queue_full drops are kept apart.
     again.queue_full_current = 7
     assert again.follow_stream("t2", queued=None, held_elsewhere=0) == 5
-    assert (again.lost_with_store, again.acked_in_stream(0)) == (5, 0)
+    assert (again.lost_with_store, again.acked_in_stream()) == (5, 0)
     assert (again.queue_full_earlier, again.queue_full_current) == (7, 0)
     assert again.follow_stream("t2", queued=None, held_elsewhere=0) is None
     # A message of the left stream, still buffered in the client, does not switch back.
@@ -145,13 +145,33 @@ def test_ledger_counts_a_stream_created_again_from_its_start_and_what_the_old_on
         checkpoint.Ledger.load(path).queue_full_earlier,
         checkpoint.Ledger.load(path).lost_with_store,
     ) == (7, 5)
-    # The same, in a process still holding 1 message of the old stream (it will ack it, into the void).
+    # The same, in a process still holding 2 messages of the old stream (their acks are not sent).
     ledger.stream_created, ledger.stream_owed = "t1", 9
-    assert ledger.follow_stream("t2", queued=2, held_elsewhere=1) == 4
-    assert ledger.acked_in_stream(1) == 0
-    ledger.record_step(3, 2, ["e"])  # that held one, trained and acked
-    assert ledger.acked_in_stream(0) == 0
-    assert ledger.follow_stream("t2", queued=2, held_elsewhere=0) is None
+    assert ledger.follow_stream("t2", queued=2, held_elsewhere=2) == 3
+    assert (ledger.acked_in_stream(), ledger.stream_held_old) == (0, 2)
+    ledger.record_step(3, 2, ["e", "n1"], elsewhere=1)  # one held old message and one of the new stream
+    assert (ledger.acked_in_stream(), ledger.stream_held_old) == (1, 1)
+    assert ledger.follow_stream("t2", queued=1, held_elsewhere=1) is None
+    # The trainer dies still holding the other one: nobody delivers it again, its store is gone.
+    restarted = checkpoint.Ledger.load(path)
+    assert (restarted.lost_at_load, restarted.lost_with_store, restarted.stream_held_old) == (1, 4, 0)
+    assert restarted.acked_in_stream() == 1  # the new stream's count goes on unchanged
+    restarted.record_step(4, 2, ["n2"])
+    assert checkpoint.Ledger.load(path).lost_at_load == 0  # counted once
+
+
+def test_a_held_old_copy_replaced_by_its_copy_in_the_new_stream_is_neither_lost_nor_acked_twice(tmp_path):
+    """A sample held when NATS lost its store and published again by its rollout: the new stream's
+    copy is trained instead (trainer/inbox.py), counted once, in the new stream."""
+    ledger = checkpoint.Ledger.load(tmp_path / checkpoint.LEDGER)
+    ledger.follow_stream("t1", queued=0, held_elsewhere=0)
+    ledger.record_step(1, 0, ["a"])
+    ledger.follow_stream("t1", queued=1, held_elsewhere=0)  # "b" queued, then pulled and held
+    assert ledger.follow_stream("t2", queued=None, held_elsewhere=1) == 0
+    ledger.old_copy_replaced()
+    ledger.record_step(2, 0, ["b"])  # the new stream's copy
+    assert (ledger.acked_in_stream(), ledger.stream_held_old, ledger.lost_with_store) == (1, 0, 0)
+    assert checkpoint.Ledger.load(ledger.path).lost_at_load == 0
 
 
 def test_a_ledger_written_before_the_stream_bookkeeping_loads_with_zeros(tmp_path):
@@ -161,6 +181,6 @@ def test_a_ledger_written_before_the_stream_bookkeeping_loads_with_zeros(tmp_pat
         '"dropped_invalid": 0, "recent": [[4, 0.0, ["x"]]]}'
     )
     ledger = checkpoint.Ledger.load(path)
-    assert (ledger.lost_with_store, ledger.stream_created, ledger.acked_in_stream(0)) == (0, "", 7)
+    assert (ledger.lost_with_store, ledger.stream_created, ledger.acked_in_stream()) == (0, "", 7)
     assert ledger.follow_stream("t1", queued=0, held_elsewhere=0) is None  # adopted: same stream as before
-    assert ledger.acked_in_stream(0) == 7
+    assert (ledger.acked_in_stream(), ledger.lost_at_load) == (7, 0)

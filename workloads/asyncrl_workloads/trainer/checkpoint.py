@@ -41,6 +41,7 @@ _STREAM_COUNTERS = (
     "stream_owed",
     "queue_full_current",
     "queue_full_earlier",
+    "stream_held_old",
 )
 _PREFIX = "step-"
 _STREAMS_LEFT_KEPT = 8
@@ -73,8 +74,12 @@ class Ledger:
     stream_created: str = ""
     """Creation time of the bus stream the counters below refer to ("" until the trainer first looks)."""
     stream_acked_base: int = 0
-    """`acked_total` when the trainer found that stream, plus the messages of the earlier one it still
-    held then: acks up to this went to a stream that is gone."""
+    """`acked_total` when the trainer found that stream, plus the messages of earlier streams recorded
+    since (`record_step`/`record_drops` ``elsewhere``): acks up to this went to a stream that is gone."""
+    stream_held_old: int = 0
+    """Messages of earlier streams the trainer held when it found this one and has not recorded yet. A
+    trainer that dies holding them never acks them (their store is gone, nobody delivers them again):
+    the next `load` counts them lost with the store (`lost_at_load`)."""
     stream_owed: int = 0
     """`acked_total` the trainer would reach by acking everything that stream held at its last look."""
     queue_full_current: int = 0
@@ -92,6 +97,9 @@ class Ledger:
     keep_steps: int = 16
     keep_seconds: float = 120.0
     _seen: set[str] = dataclasses.field(default_factory=set, repr=False)
+    lost_at_load: int = dataclasses.field(default=0, repr=False)
+    """Held messages of a lost stream that the last process died with, counted lost by `load` (not
+    persisted: the caller reports them once)."""
 
     @classmethod
     def load(cls, path: pathlib.Path | None, keep_seconds: float = 120.0) -> Ledger:
@@ -107,22 +115,41 @@ class Ledger:
         ledger.streams_left = [str(c) for c in body.get("streams_left", [])]
         ledger.recent = [(int(s), float(t), list(ids)) for s, t, ids in body["recent"]]
         ledger._seen = {i for _, _, ids in ledger.recent for i in ids}
+        if ledger.stream_held_old:  # pulled from a store that is gone, never trained: lost with it
+            ledger.lost_at_load, ledger.stream_held_old = ledger.stream_held_old, 0
+            ledger.lost_with_store += ledger.lost_at_load
         return ledger
 
     def seen(self, trajectory_id: str) -> bool:
         return trajectory_id in self._seen
 
-    def record_step(self, step: int, param_version: int, ids: list[str]) -> None:
-        """The optimizer step `step` used `ids`. Persisted before the loop acks them."""
+    def record_step(self, step: int, param_version: int, ids: list[str], elsewhere: int = 0) -> None:
+        """The optimizer step `step` used `ids`, `elsewhere` of them pulled from an earlier stream than
+        `stream_created` (see `follow_stream`). Persisted before the loop acks them."""
         self.step, self.param_version = step, param_version
         self.consumed_total += len(ids)
+        self._from_old_stream(elsewhere)
         self._remember(step, ids)
 
-    def record_drops(self, stale_ids: list[str], invalid_ids: list[str], undecodable: int = 0) -> None:
-        """Samples about to be acked without training (`undecodable` ones have no id). Persisted first."""
+    def record_drops(
+        self, stale_ids: list[str], invalid_ids: list[str], undecodable: int = 0, elsewhere: int = 0
+    ) -> None:
+        """Samples about to be acked without training (`undecodable` ones have no id), `elsewhere` of
+        them pulled from an earlier stream. Persisted first."""
         self.dropped_stale += len(stale_ids)
         self.dropped_invalid += len(invalid_ids) + undecodable
+        self._from_old_stream(elsewhere)
         self._remember(self.step, stale_ids + invalid_ids)
+
+    def old_copy_replaced(self) -> None:
+        """A held message of an earlier stream was replaced by its copy in the current one (the rollout
+        published it again): the old copy will not be recorded, and is not lost (trainer/inbox.py)."""
+        self.stream_held_old = max(self.stream_held_old - 1, 0)
+
+    def _from_old_stream(self, count: int) -> None:
+        """`count` messages of an earlier stream recorded: their acks are not the current stream's."""
+        self.stream_acked_base += count
+        self.stream_held_old = max(self.stream_held_old - count, 0)
 
     def follow_stream(self, created: str, queued: int | None, held_elsewhere: int) -> int | None:
         """The trainer pulled from, or looked at, the bus stream created at `created`, holding `queued`
@@ -138,11 +165,13 @@ class Ledger:
         stream's, from `stream_acked_base` (see `acked_in_stream`), and its queue_full drops start
         from 0 (`queue_full_current`). The caller must tell the switch before any message of the new
         stream is recorded or acked (trainer/inbox.py does, at the fetch). Persisted with the next
-        step's save, which comes before any ack. Approximate in two corners: a trainer that dies still
-        holding messages of the lost stream never acks them, and the restarted one counts them as
-        queue_full drops instead of lost; a publish stored in both streams (in flight at the loss) is
-        trained once (its second copy skipped as a redelivery, or acked in place of a held first copy:
-        trainer/inbox.py) and also counted as one queue_full drop."""
+        step's save, which comes before any ack. Messages of the lost stream still held then are counted
+        neither lost nor in the new stream: their records add to `stream_acked_base`
+        (``elsewhere``), a copy published again into the new stream replaces one
+        (`old_copy_replaced`), and a trainer that dies holding them has them counted lost at the next
+        `load`. Approximate in one corner: a publish stored in both streams (in flight at the loss)
+        whose first copy was trained before the loss is skipped as a redelivery in the new stream,
+        and also counted as one queue_full drop there."""
         lost = None
         if created in self.streams_left:
             return None
@@ -151,7 +180,8 @@ class Ledger:
                 self.streams_left = [*self.streams_left, self.stream_created][-_STREAMS_LEFT_KEPT:]
                 lost = max(self.stream_owed - self.acked_total - held_elsewhere, 0)
                 self.lost_with_store += lost
-                self.stream_acked_base = self.acked_total + held_elsewhere
+                self.stream_acked_base = self.acked_total
+                self.stream_held_old = held_elsewhere
                 self.queue_full_earlier += self.queue_full_current
                 self.queue_full_current = 0
             self.stream_created = created
@@ -160,11 +190,9 @@ class Ledger:
             self.stream_owed = self.acked_total + held_elsewhere + queued
         return lost
 
-    def acked_in_stream(self, held_elsewhere: int) -> int:
-        """Acks that went to the current bus stream (`queue_full_drops` compares them with its sequence),
-        while the trainer still holds `held_elsewhere` messages of the earlier stream (counted into
-        `stream_acked_base` ahead of their acks)."""
-        return self.acked_total - self.stream_acked_base + held_elsewhere
+    def acked_in_stream(self) -> int:
+        """Acks that went to the current bus stream (`queue_full_drops` compares them with its sequence)."""
+        return self.acked_total - self.stream_acked_base
 
     def _remember(self, step: int, ids: list[str]) -> None:
         now = time.time()

@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
@@ -64,6 +65,19 @@ class Inbox:
         self.redeliveries_skipped = 0
         self.dropped_stale_tokens = 0
         """Response tokens of the samples dropped as stale by this process (generation wasted)."""
+        if ledger.lost_at_load:
+            log.warning(
+                "bus: the last trainer process died holding %d samples of a stream that is gone "
+                "(NATS came back without its store): counted lost with it",
+                ledger.lost_at_load,
+            )
+            self.metrics.dropped["store_lost"].inc(ledger.lost_at_load)
+            ledger.lost_at_load = 0
+            ledger.save()  # counted once: a second restart must not find them again
+
+    def elsewhere(self, received: Iterable[jetstream.Received]) -> int:
+        """How many of `received` came from an earlier bus stream than the ledger's current one."""
+        return sum(1 for r in received if r.stream != self.ledger.stream_created)
 
     async def next_batch(self, version: int, stop: asyncio.Event, wait_s: float) -> list[Taken] | None:
         """The next step's samples (all within the staleness bound); [] if none within `wait_s`; None
@@ -111,6 +125,7 @@ class Inbox:
                 lost,
             )
             self.metrics.dropped["store_lost"].inc(lost)
+            self.ledger.save()  # at once: a restart before the next step must not count them again
 
     async def _sort(self, received: list[jetstream.Received], version: int) -> None:
         if received:  # before any of them is recorded or acked
@@ -144,6 +159,7 @@ class Inbox:
         held = self.batcher.handle_of(traj)
         if held is not None and held.stream != rec.stream == self.consumer.stream_created:
             self.batcher.replace(traj, rec)
+            self.ledger.old_copy_replaced()
 
     async def _drop(self, stale: list[jetstream.Received], invalid: list[jetstream.Received]) -> None:
         if not stale and not invalid:
@@ -152,6 +168,7 @@ class Inbox:
             [r.trajectory.id for r in stale if r.trajectory is not None],
             [r.trajectory.id for r in invalid if r.trajectory is not None],
             undecodable=sum(1 for r in invalid if r.trajectory is None),
+            elsewhere=self.elsewhere(stale + invalid),
         )
         for rec in stale + invalid:
             await self.consumer.ack(rec)

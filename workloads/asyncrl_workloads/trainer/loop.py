@@ -155,7 +155,12 @@ class Leader:
             step_metrics.update(self._fresh_gap(taken, state.version))
             state.step += 1
             state.step_time = time.time()
-            self.intake.ledger.record_step(state.step, state.version, [t.id for t in trajs])
+            self.intake.ledger.record_step(
+                state.step,
+                state.version,
+                [t.id for t in trajs],
+                self.intake.elsewhere(t.received for t in taken),
+            )
             if self.checkpointer is not None and self.checkpointer.due(state.step):
                 await asyncio.to_thread(self._save, state)
             if self.settings.kill_before_ack_step == state.step:

@@ -83,9 +83,10 @@ class StepLog:
         led = self.intake.ledger
         handles = self.intake.batcher.handles()
         held = [r.stream_seq for r in handles if r.stream == state.created]
-        held_elsewhere = len(handles) - len(held)
-        current = jetstream.queue_full_drops(state, led.acked_in_stream(held_elsewhere), held)
-        led.queue_full_current = max(current, led.queue_full_current)  # never has to go down
+        current = jetstream.queue_full_drops(state, led.acked_in_stream(), held)
+        if current > led.queue_full_current:  # never has to go down
+            led.queue_full_current = current
+            led.save()  # a restarted trainer's counter starts from it (and adds only newer drops)
         dropped = led.queue_full_earlier + led.queue_full_current
         if dropped > self.queue_full_reported:
             self.metrics.dropped["queue_full"].inc(dropped - self.queue_full_reported)

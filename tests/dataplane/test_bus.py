@@ -173,6 +173,18 @@ def test_a_straggler_published_while_a_batch_waits_goes_into_that_batch_oldest_f
     assert [(t.trajectory.group_id, t.staleness) for t in second] == [("bus:p9", 2), ("bus:p2", 0)]
 
 
+async def settled(consumer, messages, timeout_s=10.0):
+    """The queue state once it holds `messages` (after `timeout_s` whatever it holds: the test then
+    fails on it). JetStream applies acks asynchronously: a state read right after `flush()` can still
+    count messages whose acks the server has received (seen under CI load: 3 instead of 0)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = await consumer.state()
+        if state.messages == messages or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.05)
+
+
 def _intake(js, settings, ledger, max_staleness=1, prompts_per_step=2):
     consumer = jetstream.Consumer(js, settings)
     return consumer, inbox.Inbox(
@@ -218,7 +230,7 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
         await nc.flush()
         intake.ledger.record_step(2, 3, [t.trajectory.id for t in second])
         left = await intake.next_batch(3, stop, wait_s=1.0)
-        state = await consumer.state()
+        state = await settled(consumer, 0)
         await nc.close()
         return first, second, left, intake, state, wasted
 
@@ -364,7 +376,7 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
         await outage
         left = await intake.next_batch(0, stop, wait_s=1.0)  # no copy stored beyond the 60
         await trainer_nc.flush()
-        state = await consumer.state()
+        state = await settled(consumer, 0)
         await rollout_nc.close()
         await trainer_nc.close()
         return results, trained, left, state, pub.retries, created, intake.redeliveries_skipped
@@ -429,7 +441,7 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(
 ):
     """The trainer's bookkeeping (Inbox, StepLog.refresh_queue, the ledger) across a NATS pod that came
     back empty: the samples queued in the old stream are counted dropped{reason=store_lost}, the held
-    one of the old stream is not (it is trained later), and the new stream's discards are counted
+    one of the old stream is not (the trainer still holds it), and the new stream's discards are counted
     queue_full, though its sequence starts again at 1 while the trainer's acks kept counting. The
     trainer may first see the new stream in its queue state (``refresh``) or, as it mostly does, train
     two steps on it before it looks (``fetch``): the counts are the same. If the trainer then dies
@@ -465,6 +477,7 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(
         for i in range(4, 8):  # queued, never pulled: lost with the store
             await pub.publish(make(i))
         await trainer_nc.flush()
+        await settled(consumer, 5)
         await steps.refresh_queue()
         before = steps.counters()
         await restartable_nats.crash(outage_s=0.0, keep_store=False)
@@ -475,6 +488,7 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(
         await train(intake, 3)  # the first fetch finds no consumer and makes it again
         await train(intake, 4)
         await trainer_nc.flush()
+        await settled(consumer, 1)
         await steps.refresh_queue()
         if first == "restart":  # the trainer dies, still holding the old stream's half group
             await trainer_nc.close()
@@ -525,10 +539,11 @@ def test_an_ack_for_a_message_of_the_lost_stream_is_not_sent(restartable_nats):
             new = await consumer.fetch(8, 1.0)
         await consumer.ack(old)
         await trainer_nc.flush()
+        await asyncio.sleep(1.0)  # an ack, had it been sent, is applied by now (asynchronously)
         after_old_ack = (await consumer.state()).messages
         await consumer.ack(new[0])
         await trainer_nc.flush()
-        after_new_ack = (await consumer.state()).messages
+        after_new_ack = (await settled(consumer, 0)).messages
         await rollout_nc.close()
         await trainer_nc.close()
         return old, new, after_old_ack, after_new_ack
@@ -603,7 +618,7 @@ def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that
         for t in batch:
             await consumer.ack(t.received)
         await trainer_nc.flush()
-        state = await consumer.state()
+        state = await settled(consumer, 0)
         await rollout_nc.close()
         await trainer_nc.close()
         return batch, state
@@ -611,6 +626,48 @@ def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that
     batch, state = asyncio.run(scenario())
     assert sorted(t.trajectory.id for t in batch) == sorted(make(*a).id for a in ((1, 0, 2), (1, 1, 2), (2,)))
     assert (state.last_seq, state.messages) == (3, 0)  # all three of the new stream acked
+
+
+def test_a_group_completed_across_a_store_loss_counts_only_its_new_half_as_acked_in_the_new_stream(
+    restartable_nats, tmp_path
+):
+    """Half a group held when NATS lost its store, its other half stored in the new stream: the step
+    trains both, acks only the new one (the old stream is gone), and the new stream's discards are
+    counted against the acks it got, as trainer/loop.py records them (``elsewhere``)."""
+    settings = jetstream.StreamSettings("test", "acrossloss", max_size=3, when_full="dropOldest")
+
+    async def scenario():
+        rollout_nc, trainer_nc = await restartable_nats.clients(settings)
+        pub = jetstream.Publisher(rollout_nc.jetstream(), settings)
+        ledger = checkpoint.Ledger.load(tmp_path / "ledger")
+        consumer, intake = _intake(trainer_nc.jetstream(), settings, ledger)
+        steps = steplog.StepLog(None, intake, intake.metrics, progress.Reporter(None, 1.0))
+        await consumer.open()
+        await pub.publish(make(10, 0, group_size=2))
+        assert await intake.next_batch(0, asyncio.Event(), wait_s=1.0) == []  # held: half a group
+        await restartable_nats.crash(outage_s=0.0, keep_store=False)
+        for args in ((10, 1, 2), (11,), (12,)):  # new stream: seqs 1, 2, 3
+            await pub.publish(make(*args))
+        batch = await intake.next_batch(0, asyncio.Event(), wait_s=30.0)  # groups 10 and 11
+        ledger.record_step(
+            1, 0, [t.trajectory.id for t in batch], intake.elsewhere(t.received for t in batch)
+        )
+        for t in batch:
+            await consumer.ack(t.received)
+        await trainer_nc.flush()
+        await settled(consumer, 1)  # 12, pulled with the others and held (one group short of a step)
+        for i in range(13, 17):  # seqs 4-7 into a stream of 3: seqs 3 and 4 (12, 13) discarded
+            await pub.publish(make(i))
+        await steps.refresh_queue()
+        await rollout_nc.close()
+        await trainer_nc.close()
+        return batch, steps.counters()
+
+    batch, counters = asyncio.run(scenario())
+    assert len(batch) == 3
+    assert (counters["consumed"], counters["stored"], counters["queue_depth"]) == (3, 7, 3)
+    # 13 is lost to the full queue; 12 is not (the trainer holds it, and will train it)
+    assert (counters["dropped_queue_full"], counters["dropped_store_lost"]) == (1, 0)
 
 
 def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(restartable_nats, tmp_path):
@@ -651,6 +708,7 @@ def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(rest
         await nc.flush()
         await nc.close()  # the trainer dies holding one
         nc, intake, steps = await trainer()
+        await settled(intake.consumer, 1)
         await steps.refresh_queue()
         after_restart = counted()
         for i in range(5, 8):  # the queue is full again: the oldest (the one held before) discarded

@@ -168,10 +168,12 @@ def test_a_held_old_copy_replaced_by_its_copy_in_the_new_stream_is_neither_lost_
     ledger.record_step(1, 0, ["a"])
     ledger.follow_stream("t1", queued=1, held_elsewhere=0)  # "b" queued, then pulled and held
     assert ledger.follow_stream("t2", queued=None, held_elsewhere=1) == 0
+    ledger.follow_stream("t2", queued=1, held_elsewhere=1)  # the new copy stored, the old one held
     ledger.old_copy_replaced()
     ledger.record_step(2, 0, ["b"])  # the new stream's copy
     assert (ledger.acked_in_stream(), ledger.stream_held_old, ledger.lost_with_store) == (1, 0, 0)
     assert checkpoint.Ledger.load(ledger.path).lost_at_load == 0
+    assert ledger.follow_stream("t3", queued=None, held_elsewhere=0) == 0  # "b" was owed once
 
 
 def test_a_ledger_written_before_the_stream_bookkeeping_loads_with_zeros(tmp_path):
@@ -184,3 +186,20 @@ def test_a_ledger_written_before_the_stream_bookkeeping_loads_with_zeros(tmp_pat
     assert (ledger.lost_with_store, ledger.stream_created, ledger.acked_in_stream()) == (0, "", 7)
     assert ledger.follow_stream("t1", queued=0, held_elsewhere=0) is None  # adopted: same stream as before
     assert (ledger.acked_in_stream(), ledger.lost_at_load) == (7, 0)
+
+
+def test_samples_counted_lost_at_a_restart_are_not_counted_again_at_the_next_store_loss(tmp_path):
+    """The trainer ends holding 2 samples of a lost stream (counted lost when the next one starts);
+    NATS then loses its store once more before the new trainer looks at the stream in between."""
+    ledger = checkpoint.Ledger.load(tmp_path / checkpoint.LEDGER)
+    ledger.follow_stream("t1", queued=0, held_elsewhere=0)
+    ledger.record_step(1, 0, ["a1"])
+    ledger.follow_stream("t1", queued=2, held_elsewhere=0)  # a2, a3: pulled, held (half groups)
+    assert ledger.follow_stream("t2", queued=None, held_elsewhere=2) == 0
+    ledger.record_step(2, 1, ["b1"])
+    ledger.follow_stream("t2", queued=3, held_elsewhere=2)
+    ledger.record_step(3, 1, ["b2"])  # 2 left queued in t2
+    restarted = checkpoint.Ledger.load(ledger.path)
+    assert (restarted.lost_at_load, restarted.lost_with_store) == (2, 2)  # a2, a3
+    assert restarted.follow_stream("t3", queued=None, held_elsewhere=0) == 2  # t2's 2, not a2, a3 again
+    assert restarted.lost_with_store == 4

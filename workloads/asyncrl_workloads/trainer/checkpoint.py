@@ -3,10 +3,11 @@
 Called by trainer/loop.py. Two files with two cadences, so that after a crash no trajectory id is
 trained twice:
 
-- The **ledger** (`<path>/ledger.json`, rank 0, every step) records the ids used by recent steps and
-  the bus counters (acked, consumed, dropped). The loop writes it after the optimizer step and
-  *before* acking, so a crash between step and ack leaves ids that the restarted trainer recognises
-  when the server redelivers them: it acks them without training.
+- The **ledger** (`<path>/ledger.json`, rank 0, every step, and when the bus counters change between
+  steps) records the ids used by recent steps and the bus counters (acked, consumed, dropped). The
+  loop writes it after the optimizer step and *before* acking, so a crash between step and ack
+  leaves ids that the restarted trainer recognises when the server redelivers them: it acks them
+  without training.
 - The **checkpoint** (`<path>/step-00000042/`, all ranks, every `everySteps`) is written with
   torch.distributed.checkpoint into `step-….tmp` and renamed into place by rank 0 once complete, with
   `meta.json` last; `latest()` only sees renamed directories, so a half-written one is never loaded.
@@ -103,6 +104,9 @@ class Ledger:
 
     @classmethod
     def load(cls, path: pathlib.Path | None, keep_seconds: float = 120.0) -> Ledger:
+        """The ledger as a starting trainer takes it over: messages of a lost stream that the last
+        process still held are counted lost here (`lost_at_load`; the trainer reports and saves it),
+        so a ledger read while its trainer runs shows those as lost already."""
         ledger = cls(path=path, keep_seconds=keep_seconds)
         if path is None or not path.exists():
             return ledger
@@ -118,6 +122,8 @@ class Ledger:
         if ledger.stream_held_old:  # pulled from a store that is gone, never trained: lost with it
             ledger.lost_at_load, ledger.stream_held_old = ledger.stream_held_old, 0
             ledger.lost_with_store += ledger.lost_at_load
+            # no longer owed by the current stream's predecessors: a next switch must not count them again
+            ledger.stream_owed = max(ledger.stream_owed - ledger.lost_at_load, ledger.acked_total)
         return ledger
 
     def seen(self, trajectory_id: str) -> bool:
@@ -145,6 +151,7 @@ class Ledger:
         """A held message of an earlier stream was replaced by its copy in the current one (the rollout
         published it again): the old copy will not be recorded, and is not lost (trainer/inbox.py)."""
         self.stream_held_old = max(self.stream_held_old - 1, 0)
+        self.stream_owed = max(self.stream_owed - 1, self.acked_total)  # owed once, by the new copy
 
     def _from_old_stream(self, count: int) -> None:
         """`count` messages of an earlier stream recorded: their acks are not the current stream's."""
@@ -164,14 +171,16 @@ class Ledger:
         are lost too, unseen: so this is a lower bound). Acks counted from here on are the new
         stream's, from `stream_acked_base` (see `acked_in_stream`), and its queue_full drops start
         from 0 (`queue_full_current`). The caller must tell the switch before any message of the new
-        stream is recorded or acked (trainer/inbox.py does, at the fetch). Persisted with the next
-        step's save, which comes before any ack. Messages of the lost stream still held then are counted
-        neither lost nor in the new stream: their records add to `stream_acked_base`
-        (``elsewhere``), a copy published again into the new stream replaces one
-        (`old_copy_replaced`), and a trainer that dies holding them has them counted lost at the next
-        `load`. Approximate in one corner: a publish stored in both streams (in flight at the loss)
-        whose first copy was trained before the loss is skipped as a redelivery in the new stream,
-        and also counted as one queue_full drop there."""
+        stream is recorded or acked (trainer/inbox.py does, at the fetch, and saves the ledger at
+        once). Messages of the lost stream still held then are counted neither lost nor in the new
+        stream: their records add to `stream_acked_base` (``elsewhere``), a copy published again into
+        the new stream replaces one (`old_copy_replaced`), and those a trainer process still holds
+        when it ends (killed or stopped) are counted lost by the next `load`. Approximate in two
+        corners: a publish stored in both streams (in flight at the loss) whose first copy was
+        trained before the loss is skipped as a redelivery in the new stream and also counted as one
+        queue_full drop there; and a message of the old stream still buffered in the client when the
+        switch is seen at a queue refresh, pulled after it, may be counted both lost (it was queued
+        at the last look) and consumed."""
         lost = None
         if created in self.streams_left:
             return None

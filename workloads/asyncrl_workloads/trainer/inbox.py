@@ -67,7 +67,7 @@ class Inbox:
         """Response tokens of the samples dropped as stale by this process (generation wasted)."""
         if ledger.lost_at_load:
             log.warning(
-                "bus: the last trainer process died holding %d samples of a stream that is gone "
+                "bus: the last trainer process ended holding %d samples of a stream that is gone "
                 "(NATS came back without its store): counted lost with it",
                 ledger.lost_at_load,
             )
@@ -76,8 +76,8 @@ class Inbox:
             ledger.save()  # counted once: a second restart must not find them again
 
     def elsewhere(self, received: Iterable[jetstream.Received]) -> int:
-        """How many of `received` came from an earlier bus stream than the ledger's current one."""
-        return sum(1 for r in received if r.stream != self.ledger.stream_created)
+        """How many of `received` came from a bus stream the ledger has left (NATS lost its store)."""
+        return sum(1 for r in received if r.stream in self.ledger.streams_left)
 
     async def next_batch(self, version: int, stop: asyncio.Event, wait_s: float) -> list[Taken] | None:
         """The next step's samples (all within the staleness bound); [] if none within `wait_s`; None

@@ -18,8 +18,11 @@ export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 die() { echo "build-cluster-bins: $*" >&2; exit 1; }
 command -v go >/dev/null || die "go is not installed (need Go >= 1.26)"
 mkdir -p "$CACHE" 2>/dev/null || die "cannot create cache dir $CACHE"
-avail_kb=$(df -Pk "$CACHE" | awk 'NR==2{print $4}')
-[ "${avail_kb:-0}" -gt 6000000 ] || die "less than 6 GB free under $CACHE (disk full?): Go build cache needs room"
+need_room() {  # only on a cache miss: a warm cache needs no room to build
+  local avail_kb
+  avail_kb=$(df -Pk "$CACHE" | awk 'NR==2{print $4}')
+  [ "${avail_kb:-0}" -gt 6000000 ] || die "less than 6 GB free under $CACHE (disk full?): Go build cache needs room"
+}
 
 log_dir="$CACHE/logs"; mkdir -p "$log_dir"
 run_logged() {  # name cmd... : run quietly, on failure show the last lines and one clear cause
@@ -37,6 +40,7 @@ run_logged() {  # name cmd... : run quietly, on failure show the last lines and 
 build_k8s() {
   local bin="$CACHE/k8s-$K8S_VERSION"
   if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kube-scheduler" ] && [ -x "$bin/kubectl" ]; then return; fi
+  need_room
   local src="$CACHE/src/k8s-$K8S_VERSION" staging="v0.${K8S_VERSION#v1.}"
   mkdir -p "$src" "$bin.tmp"
   cd "$src"
@@ -74,6 +78,7 @@ GO
 build_etcd() {
   local bin="$CACHE/etcd-$ETCD_VERSION"
   [ -x "$bin/etcd" ] && return
+  need_room
   local src="$CACHE/src/etcd-$ETCD_VERSION"; mkdir -p "$src" "$bin"; cd "$src"
   [ -f go.mod ] || go mod init local.invalid/etcdbin >/dev/null 2>&1
   go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
@@ -86,6 +91,7 @@ build_etcd() {
 build_kwok() {
   local bin="$CACHE/kwok-$KWOK_VERSION"
   [ -x "$bin/kwok" ] && return
+  need_room
   mkdir -p "$bin"
   GOBIN="$bin" run_logged kwok-install go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 }
@@ -93,6 +99,7 @@ build_kwok() {
 build_helm() {
   local bin="$CACHE/helm-$HELM_VERSION"
   [ -x "$bin/helm" ] && return
+  need_room
   mkdir -p "$bin"
   GOBIN="$bin" run_logged helm-install go install -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"

@@ -173,6 +173,15 @@ def test_a_straggler_published_while_a_batch_waits_goes_into_that_batch_oldest_f
     assert [(t.trajectory.group_id, t.staleness) for t in second] == [("bus:p9", 2), ("bus:p2", 0)]
 
 
+async def record_and_ack(intake, step, taken, version=0):
+    """What trainer/loop.py does after an optimizer step on `taken`: record the step in the ledger
+    (saying how many samples came from a stream left behind), then ack each sample."""
+    ids = [t.trajectory.id for t in taken]
+    intake.ledger.record_step(step, version, ids, intake.elsewhere(t.received for t in taken))
+    for t in taken:
+        await intake.consumer.ack(t.received)
+
+
 async def settled(consumer, messages, timeout_s=10.0):
     """The queue state once it holds `messages` (after `timeout_s` whatever it holds: the test then
     fails on it). JetStream applies acks asynchronously: a state read right after `flush()` can still
@@ -360,10 +369,8 @@ def test_publisher_and_consumer_ride_through_a_nats_crash_and_nothing_is_stored_
                 taken = await intake.next_batch(0, stop, wait_s=0.5)
                 if not taken:
                     continue
-                intake.ledger.record_step(len(trained) + 1, 0, [t.trajectory.id for t in taken])
-                for t in taken:
-                    trained.append(t.trajectory.id)
-                    await consumer.ack(t.received)
+                await record_and_ack(intake, len(trained) + 1, taken)
+                trained.extend(t.trajectory.id for t in taken)
                 with contextlib.suppress(*jetstream.NO_ANSWER):
                     await trainer_nc.flush()
 
@@ -457,9 +464,7 @@ def test_after_nats_lost_its_store_the_new_stream_is_counted_from_its_start(
 
     async def train(intake, step, version=0):  # as trainer/loop.py does: record, then ack
         batch = await intake.next_batch(version, asyncio.Event(), wait_s=30.0)
-        intake.ledger.record_step(step, version, [t.trajectory.id for t in batch])
-        for t in batch:
-            await intake.consumer.ack(t.received)
+        await record_and_ack(intake, step, batch, version)
 
     async def scenario():
         rollout_nc, trainer_nc = await restartable_nats.clients(settings)
@@ -614,9 +619,7 @@ def test_a_held_sample_published_again_into_the_new_stream_is_acked_through_that
         await pub.publish(make(1, 1, group_size=2))
         await pub.publish(make(2))
         batch = await intake.next_batch(0, asyncio.Event(), wait_s=30.0)
-        intake.ledger.record_step(1, 0, [t.trajectory.id for t in batch])
-        for t in batch:
-            await consumer.ack(t.received)
+        await record_and_ack(intake, 1, batch)
         await trainer_nc.flush()
         state = await settled(consumer, 0)
         await rollout_nc.close()
@@ -649,11 +652,7 @@ def test_a_group_completed_across_a_store_loss_counts_only_its_new_half_as_acked
         for args in ((10, 1, 2), (11,), (12,)):  # new stream: seqs 1, 2, 3
             await pub.publish(make(*args))
         batch = await intake.next_batch(0, asyncio.Event(), wait_s=30.0)  # groups 10 and 11
-        ledger.record_step(
-            1, 0, [t.trajectory.id for t in batch], intake.elsewhere(t.received for t in batch)
-        )
-        for t in batch:
-            await consumer.ack(t.received)
+        await record_and_ack(intake, 1, batch)
         await trainer_nc.flush()
         await settled(consumer, 1)  # 12, pulled with the others and held (one group short of a step)
         for i in range(13, 17):  # seqs 4-7 into a stream of 3: seqs 3 and 4 (12, 13) discarded
@@ -702,9 +701,7 @@ def test_a_restarted_trainer_counts_only_new_queue_full_drops_in_its_metric(rest
         await steps.refresh_queue()
         first = counted()
         batch = await intake.next_batch(0, asyncio.Event(), wait_s=10.0)  # 2 trained, 1 held
-        intake.ledger.record_step(1, 0, [t.trajectory.id for t in batch])
-        for t in batch:
-            await intake.consumer.ack(t.received)
+        await record_and_ack(intake, 1, batch)
         await nc.flush()
         await nc.close()  # the trainer dies holding one
         nc, intake, steps = await trainer()

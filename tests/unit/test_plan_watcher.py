@@ -4,18 +4,22 @@ the trainer hosts it, through a real ``ReplicaLink``: what the control loop is w
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pathlib
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch.distributed as dist
 from asyncrl_api import config
 from asyncrl_testing import jobs, netfaults
+from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.local import process
 from asyncrl_workloads.rollout import main as rollout_main
 from asyncrl_workloads.rollout import worker
@@ -290,3 +294,47 @@ def test_the_back_off_stays_within_half_the_weight_sync_deadline(deadline: int, 
     endpoints = config.Endpoints(nats_url="nats://127.0.0.1:4222", trainer_host="t", weight_sync_port=29600)
     cfg = config.JobConfig(name="j", namespace="ns", spec=spec, endpoints=endpoints)
     assert rollout_main.worker_settings(cfg, replica=0).retry_max_s == longest
+
+
+def test_an_engine_that_cannot_reach_the_store_backs_off_says_so_once_and_stops_at_once(
+    store: dist.TCPStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The link reached the trainer's store, but the engine workers' own connection to it fails
+    (a trainer frozen in between): the control loop retries with the link's back-off, one warning
+    per streak, and a stop does not wait out the back-off."""
+    tries: list[float] = []
+
+    class UnreachableEngine:
+        version = 0
+
+        async def init_weight_sync(self, *args: Any) -> None:
+            tries.append(time.monotonic())
+            raise RuntimeError("store connect timed out")
+
+    async def publish(traj: Any) -> bool:
+        raise AssertionError("nothing is generated here")
+
+    link = replica.ReplicaLink("127.0.0.1", store.port, replica=0)
+    settings = worker.WorkerSettings(job="j", replica=0, n=1, max_tokens=4, poll_s=0.01, retry_max_s=8.0)
+    bound = metrics_mod.bind(metrics_mod.Identity(namespace="ns", job="j", role="rollout", replica="0"))
+    rollout = worker.RolloutWorker(
+        settings, UnreachableEngine(), link, publish, lambda r, s: 0.0, [], lambda t: [1], bound,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        control = asyncio.create_task(rollout._control(stop))
+        while len(tries) < 3:  # tries after 1 s and 2 s more; the next wait is 4 s
+            await asyncio.sleep(0.01)
+        stop.set()
+        stopped_at = time.monotonic()
+        await asyncio.wait_for(control, 10)
+        return time.monotonic() - stopped_at
+
+    with caplog.at_level(logging.DEBUG, logger=worker.__name__):
+        took = asyncio.run(scenario())
+    assert took < 2.0  # not the 4 s back-off
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "engine could not reach" in r.getMessage()]
+    assert [m.rsplit(" ", 2)[-2] for _, m in said] == ["1", "2", "4"]
+    assert [level for level, _ in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert tries[1] - tries[0] >= 1.0 and tries[2] - tries[1] >= 2.0

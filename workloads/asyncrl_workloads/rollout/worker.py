@@ -339,6 +339,7 @@ class RolloutWorker:
     ) -> None:
         logged: bool | None = None  # whether the last logged failure was a refusal; None: none since
         wait_s: float | None = None
+        init_wait_s: float | None = None  # the engine workers' connection to the store, the same way
         while not stop.is_set():
             try:
                 plan = await watcher.next(self._engine_epoch)
@@ -363,9 +364,20 @@ class RolloutWorker:
                         link.host, link.port, link.replica, link.incarnation, link.connect_timeout
                     )
                     self._engine_epoch = link.epoch
-                except Exception as exc:
-                    log.warning("weight sync: engine could not reach the trainer store (%s); retrying", exc)
-                    await asyncio.sleep(1.0)
+                    init_wait_s = None
+                except Exception as exc:  # the engine workers' own store connection failed
+                    # The link reached the store just before, so this is rare and may repeat while
+                    # the trainer stays frozen (a connect timeout per try): back off like the link,
+                    # say it once per streak, and end the wait at once on stop.
+                    first = init_wait_s is None
+                    init_wait_s = retry_after_s(init_wait_s, False, self.s.retry_max_s)
+                    log.log(
+                        logging.WARNING if first else logging.DEBUG,
+                        "weight sync: engine could not reach the trainer store (%s); retrying in %g s",
+                        exc, init_wait_s,
+                    )  # fmt: skip
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), init_wait_s)
                     continue
             if plan is not None and plan.version > self.engine.version:
                 if plan.includes(link.replica, link.incarnation):

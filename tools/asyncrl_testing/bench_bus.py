@@ -7,7 +7,11 @@ storage, max_msgs above the count so nothing is discarded), one publisher then o
 
 - raw: `js.publish(subject, payload)` of pre-encoded bytes, then pull `fetch(256)` + `ack()` each;
 - asyncrl: `jetstream.Publisher.publish(trajectory)` (encode + Nats-Msg-Id dedup header), then
-  `jetstream.Consumer.fetch(256)` (decode + validate) + `ack()`.
+  `jetstream.Consumer.fetch(256)` (decode + validate) + `ack()`;
+- parts (a diagnostic, not P4): raw nats-py calls doing what asyncrl's bus does per message, inline
+  (`codec.encode_trajectory` + the `Nats-Msg-Id` header on publish, `codec.decode_trajectory` on
+  fetch). parts ÷ raw is what the codec and the dedup header cost; asyncrl ÷ parts is what the
+  Publisher/Consumer classes (retries, stream check, delivery counts) add on top.
 
 The payload bytes are identical (the raw side sends what the codec produced). Reports publish+consume
 throughput of each (median over rounds) and the median of the paired per-round ratios asyncrl / raw
@@ -81,6 +85,30 @@ async def run_raw(url: str, payloads: list[bytes], job: str) -> float:
     return len(payloads) / elapsed
 
 
+async def run_parts(url: str, trajs: list[trajectory.Trajectory], job: str) -> float:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    settings = jetstream.StreamSettings("bench", job, max_size=len(trajs) * 2)
+    await jetstream.ensure_stream(js, settings)
+    sub = await js.pull_subscribe(settings.subject, durable="parts", stream=settings.stream)
+    t0 = time.perf_counter()
+    for t in trajs:
+        await js.publish(settings.subject, codec.encode_trajectory(t), headers={"Nats-Msg-Id": t.id})
+
+    async def fetch() -> list[Any]:
+        return [(m, codec.decode_trajectory(m.data)) for m in await sub.fetch(256, timeout=5)]
+
+    async def ack_all(received: list[Any]) -> None:
+        for m, _ in received:
+            await m.ack()
+
+    await _drain(fetch, ack_all, len(trajs))
+    await nc.flush()
+    elapsed = time.perf_counter() - t0
+    await nc.close()
+    return len(trajs) / elapsed
+
+
 async def run_asyncrl(url: str, trajs: list[trajectory.Trajectory], job: str) -> float:
     nc = await nats.connect(url)
     js = nc.jetstream()
@@ -116,10 +144,11 @@ def main() -> None:
     trajs = [make(i, args.prompt_tokens, args.response_tokens) for i in range(args.count)]
     payloads = [codec.encode_trajectory(t) for t in trajs]
     with tempfile.TemporaryDirectory() as tmp, natsserver.start(store_dir=pathlib.Path(tmp) / "js") as server:
-        raw, ours = [], []
-        for r in range(args.rounds):  # paired and interleaved: drift in machine load hits both sides alike
+        raw, ours, parts = [], [], []
+        for r in range(args.rounds):  # paired and interleaved: drift in machine load hits each side alike
             raw.append(asyncio.run(run_raw(server.url, payloads, f"raw{r}")))
             ours.append(asyncio.run(run_asyncrl(server.url, trajs, f"asyncrl{r}")))
+            parts.append(asyncio.run(run_parts(server.url, trajs, f"parts{r}")))
     ratios = sorted(o / r for o, r in zip(ours, raw, strict=True))
     result = {
         "benchmark": "P4 bus",
@@ -129,6 +158,9 @@ def main() -> None:
         "asyncrl_per_s": round(statistics.median(ours), 1),
         "ratio": round(statistics.median(ratios), 3),
         "ratios": [round(x, 3) for x in ratios],
+        "parts_per_s": round(statistics.median(parts), 1),
+        "parts_over_raw": sorted(round(p / r, 3) for p, r in zip(parts, raw, strict=True)),
+        "asyncrl_over_parts": sorted(round(o / p, 3) for o, p in zip(ours, parts, strict=True)),
         "rounds": args.rounds,
         "load_avg_1m": os.getloadavg()[0],
         "cpus": os.cpu_count(),

@@ -134,6 +134,23 @@ def median_ci(values: list[float], draws: int = 20000) -> tuple[float, float]:
     return round(meds[int(0.025 * draws)], 3), round(meds[int(0.975 * draws) - 1], 3)
 
 
+def _bus_parts_rows(res: dict[str, Any]) -> list[list[str]]:
+    """P4's diagnostic (bench_bus.py's third side): where the gap to raw nats-py is."""
+    if "parts_over_raw" not in res:  # results written before the diagnostic existed
+        return []
+    rows = []
+    for key, what in (
+        ("parts_over_raw", "bare nats-py doing the bus's per-message work inline (codec encode, "
+                           "`Nats-Msg-Id`, decode + validate) ÷ raw: what those features cost"),
+        ("asyncrl_over_parts", "asyncrl's bus ÷ that same inline work: what the Publisher/Consumer "
+                               "classes add"),
+    ):  # fmt: skip
+        values = res[key]
+        got = f"**{statistics.median(values):.3f}** (rounds {', '.join(map(str, values))})"
+        rows.append(["P4 parts", what, got, "— (diagnostic)", "—"])
+    return rows
+
+
 def _verdict_ci(values: list[float], goal: float) -> tuple[str, str]:
     """(interval text, verdict) for a median of paired ratios against a lower bound ``goal``:
     pass or miss only when the whole 95% interval is on one side of it."""
@@ -209,7 +226,7 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         return [["P4", f"bus ÷ raw nats-py, publish+fetch+ack, {res['payload_bytes']} B",
                  f"**{res['ratio']}** = median of {len(res['ratios'])} paired rounds "
                  f"({', '.join(map(str, res['ratios']))}; {interval}); medians {res['asyncrl_per_s']}/s "
-                 f"and {res['raw_per_s']}/s", "≥ 0.8", verdict]]  # fmt: skip
+                 f"and {res['raw_per_s']}/s", "≥ 0.8", verdict]] + _bus_parts_rows(res)  # fmt: skip
     if name == "paired":
         what = ("P1 paired in time: one async job's rollout rate with its trainer training and syncing "
                 "weights every step ÷ with the trainer's consumer paused (rollout-only), `kvCacheOnUpdate: "

@@ -57,15 +57,44 @@ def _join(prefix: bytes, header: dict, body: bytes) -> bytes:
     return prefix[:4] + struct.pack("<I", len(head)) + head + body
 
 
+def encode_v1(traj: trajectory.Trajectory) -> bytes:
+    """Version 1 as an older rollout wrote it (spelled out here: the codec no longer writes it)."""
+    header = {"kind": "trajectory"}
+    for name in ("id", "job", "replica", "group_id", "group_size", "sample_index", "reward", "created_at"):
+        header[name] = getattr(traj, name)
+    sizes = {"prompt_ids": 4, "response_ids": 4, "behaviour_logprobs": 4, "versions": 4, "mask": 1}
+    arrays = zip(sizes, traj.packed, strict=True)
+    header["lengths"] = {name: len(data) // sizes[name] for name, data in arrays}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return b"ARL\x01" + struct.pack("<I", len(head)) + head + b"".join(traj.packed)
+
+
+FIXED = struct.Struct("<3sBB3xiiiddIIIIIIII")
+
+
+def _fields_v2(data: bytes) -> list:
+    return list(FIXED.unpack_from(data))
+
+
+def _with_fields_v2(data: bytes, fields: list, tail: bytes | None = None) -> bytes:
+    return FIXED.pack(*fields) + (data[FIXED.size :] if tail is None else tail)
+
+
 def test_an_unknown_wire_version_is_rejected():
     data = bytearray(codec.encode_trajectory(make()))
-    data[3] = 2
-    with pytest.raises(codec.CodecError, match="^v: unsupported wire version 2"):
+    data[3] = 3
+    with pytest.raises(codec.CodecError, match="^v: unsupported wire version 3"):
         codec.decode_trajectory(bytes(data))
 
 
-def test_misaligned_arrays_name_the_field():
-    prefix, header, body = _split(codec.encode_trajectory(make()))
+def test_version_1_trajectories_are_still_read():
+    """A trainer reads what an older rollout left in the durable stream."""
+    traj = make(behaviour_logprobs=[-0.5, -2.5, -7.0])
+    assert codec.decode_trajectory(encode_v1(traj)) == traj
+
+
+def test_misaligned_arrays_name_the_field_v1():
+    prefix, header, body = _split(encode_v1(make()))
     header["lengths"]["versions"] = 1
     with pytest.raises(codec.CodecError, match="trailing bytes"):
         codec.decode_trajectory(_join(prefix, header, body))
@@ -78,6 +107,36 @@ def test_misaligned_arrays_name_the_field():
         codec.decode_trajectory(_join(prefix, header, body))
 
 
+def test_misaligned_arrays_name_the_field_v2():
+    data = codec.encode_trajectory(make())
+    fields = _fields_v2(data)  # [..., id, job, group_id lengths, prompt, response, logprobs, versions, mask]
+    fields[-2] = 1  # versions
+    with pytest.raises(codec.CodecError, match="trailing bytes"):
+        codec.decode_trajectory(_with_fields_v2(data, fields))
+    fields[-1] = 11  # mask takes the 8 bytes the shorter versions left: aligned, wrong lengths
+    with pytest.raises(codec.CodecError, match=r"^versions: length 1 != len\(response_ids\) 3"):
+        codec.decode_trajectory(_with_fields_v2(data, fields))
+    fields[-1] = 1000
+    with pytest.raises(codec.CodecError, match="^mask: 1000 elements do not fit"):
+        codec.decode_trajectory(_with_fields_v2(data, fields))
+
+
+def _v2_garbage() -> list[tuple[bytes, str]]:
+    data = codec.encode_trajectory(make())
+    fields = _fields_v2(data)
+    out = [(data[: FIXED.size - 1], "header: truncated")]
+    other_kind = _with_fields_v2(data, [*fields[:2], 2, *fields[3:]])
+    out.append((other_kind, "kind: expected 'trajectory' \\(1\\), got 2"))
+    too_long = list(fields)
+    too_long[8] = 10_000  # id length
+    out.append((_with_fields_v2(data, too_long), "^id: 10000 bytes do not fit"))
+    id_bytes = make().id.encode()
+    out.append((_with_fields_v2(data, fields, b"\xff" * len(id_bytes) + data[FIXED.size + len(id_bytes) :]),
+                "^id: not UTF-8"))  # fmt: skip
+    out.append((data + b"\x00", "^arrays: 1 trailing bytes"))
+    return out
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
@@ -87,11 +146,17 @@ def test_misaligned_arrays_name_the_field():
         (b"ARL\x01\x02\x00\x00\x00\xff\xfe", "header: not JSON"),
         (codec.encode_announcement(1, 1, 0.0), "kind: expected 'trajectory'"),
         (b'ARL\x01\x16\x00\x00\x00{"kind": "trajectory"}', "id: missing"),
+        *_v2_garbage(),
     ],
 )
 def test_garbage_is_a_codec_error(data, match):
     with pytest.raises(codec.CodecError, match=match):
         codec.decode_trajectory(data)
+
+
+def test_a_field_that_does_not_fit_the_wire_is_named():
+    with pytest.raises(codec.CodecError, match="^replica: 4294967296 does not fit an int32"):
+        codec.encode_trajectory(make(replica=2**32))
 
 
 @pytest.mark.parametrize(
@@ -126,7 +191,7 @@ def test_names_are_sanitised_and_per_job():
 
 
 def test_wire_format_v1_is_pinned_byte_for_byte():
-    """Spelled out independently of the codec: a v1 reader elsewhere must keep reading what we write."""
+    """Spelled out independently of the codec: what older rollouts wrote is still read."""
     traj = make(behaviour_logprobs=[-0.5, -2.5, -7.0])
     header = {
         "kind": "trajectory",
@@ -149,5 +214,29 @@ def test_wire_format_v1_is_pinned_byte_for_byte():
         + bytes([1, 1, 1])
     )
     wire = b"ARL\x01" + struct.pack("<I", len(head)) + head + body
+    assert encode_v1(traj) == wire
+    assert codec.decode_trajectory(wire) == traj
+
+
+def test_wire_format_v2_is_pinned_byte_for_byte():
+    """Spelled out independently of the codec: a v2 reader elsewhere must keep reading what we write."""
+    traj = make(behaviour_logprobs=[-0.5, -2.5, -7.0])
+    strings = (traj.id.encode(), b"demo", b"demo:r1:p17")
+    fixed = (
+        b"ARL"
+        + bytes([2, 1, 0, 0, 0])  # version 2, kind 1 (trajectory), 3 pad bytes
+        + struct.pack("<iii", 1, 4, 3)  # replica, group_size, sample_index
+        + struct.pack("<dd", 0.3, 1_700_000_000.25)  # reward, created_at
+        + struct.pack("<3I", *map(len, strings))
+        + struct.pack("<5I", 3, 3, 3, 3, 3)  # prompt, response, logprobs, versions, mask counts
+    )
+    body = (
+        struct.pack("<3i", 1, 40, 41)
+        + struct.pack("<3i", 50, 51, 2)
+        + struct.pack("<3f", -0.5, -2.5, -7.0)
+        + struct.pack("<3i", 3, 3, 4)
+        + bytes([1, 1, 1])
+    )
+    wire = fixed + b"".join(strings) + body
     assert codec.encode_trajectory(traj) == wire
     assert codec.decode_trajectory(wire) == traj

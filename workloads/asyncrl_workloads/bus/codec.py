@@ -21,7 +21,9 @@ decoding slices them: no per-element Python work on either side, no base64, no J
 (timeit; ~1.3 and ~9 us now, validation included), a measurable part of the bus's overhead against
 raw nats-py (tools/asyncrl_testing/bench_bus.py, P4). A 512-token trajectory is ~7.5 kB. A reader
 rejects any other version byte with CodecError rather than guessing; both formats are pinned byte for
-byte by tests/unit/test_codec.py.
+byte by tests/unit/test_codec.py. A trainer from before version 2 cannot read it: it acks such
+messages as invalid (counted, dropped{reason="invalid"}), so a running job moved across that change
+should get its new trainer before its new rollouts (or be suspended while it is moved).
 """
 
 from __future__ import annotations

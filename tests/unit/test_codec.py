@@ -154,11 +154,6 @@ def test_garbage_is_a_codec_error(data, match):
         codec.decode_trajectory(data)
 
 
-def test_a_field_that_does_not_fit_the_wire_is_named():
-    with pytest.raises(codec.CodecError, match="^replica: 4294967296 does not fit an int32"):
-        codec.encode_trajectory(make(replica=2**32))
-
-
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
@@ -240,3 +235,46 @@ def test_wire_format_v2_is_pinned_byte_for_byte():
     wire = fixed + b"".join(strings) + body
     assert codec.encode_trajectory(traj) == wire
     assert codec.decode_trajectory(wire) == traj
+
+
+def _v1_with(**header_overrides) -> bytes:
+    prefix, header, body = _split(encode_v1(make()))
+    header.update(header_overrides)
+    return _join(prefix, header, body)
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (_v1_with(id=[1]), "^id: list is not str"),
+        (_v1_with(group_id=None), "^group_id: NoneType is not str"),
+        (_v1_with(replica="x"), "^replica: str is not int"),
+        (_v1_with(sample_index=0.5), "^sample_index: float is not int"),
+        (_v1_with(group_size=True), "^group_size: bool is not int"),
+        (_v1_with(created_at="x"), "^created_at: str is not int or float"),
+        (_v1_with(lengths={"prompt_ids": float("inf")}), "^prompt_ids: element count inf is not an integer"),
+        (b"ARL\x01" + struct.pack("<I", 5000) + b"9" * 5000, "^header: not JSON"),  # over the digit limit
+        (b"ARL\x01" + struct.pack("<I", 200_000) + b"[" * 200_000, "^header: not JSON"),  # nesting
+    ],
+)
+def test_a_hostile_v1_message_is_a_codec_error_not_a_crash(data, match):
+    """What an older rollout (or anyone) wrote is read by the trainer, which counts a CodecError as
+    an invalid sample and acks it; any other exception, or a wrongly typed id, would crash it."""
+    with pytest.raises(codec.CodecError, match=match):
+        codec.decode_trajectory(data)
+
+
+def test_a_memoryview_or_bytearray_decodes_like_bytes():
+    data = codec.encode_trajectory(make())
+    for view in (memoryview(data), bytearray(data)):
+        traj = codec.decode_trajectory(view)  # type: ignore[arg-type]
+        assert traj == make() and all(type(p) is bytes for p in traj.packed)
+
+
+def test_fields_the_wire_cannot_carry_are_named_at_once():
+    with pytest.raises(codec.CodecError, match="^replica: 4294967296 does not fit"):
+        codec.encode_trajectory(make(replica=2**32))
+    with pytest.raises(codec.CodecError, match="^trajectory fields"):  # a float: no scan of the int32 range
+        codec.encode_trajectory(make(replica=1.5))
+    with pytest.raises(codec.CodecError, match="^id/job/group_id: not encodable"):
+        codec.encode_trajectory(make(id="a\ud800b"))

@@ -18,7 +18,7 @@ uint8, behaviour logprobs float32 (the engine computes them in fp32, so this rou
 That is how a Trajectory holds its arrays in memory (trajectory.ARRAYS), so encoding joins bytes and
 decoding slices them: no per-element Python work on either side, no base64, no JSON numbers. Version
 2 replaced the JSON header on the hot path: it cost ~9 us to write and ~19 us to read per message
-(timeit; ~1.3 and ~9 us now, validation included), a measurable part of the bus's overhead against
+(timeit; ~3-5 and ~11 us now, validation included), a measurable part of the bus's overhead against
 raw nats-py (tools/asyncrl_testing/bench_bus.py, P4). A 512-token trajectory is ~7.5 kB. A reader
 rejects any other version byte with CodecError rather than guessing; both formats are pinned byte for
 byte by tests/unit/test_codec.py. A trainer from before version 2 cannot read it: it acks such
@@ -46,6 +46,16 @@ _INT32 = range(-(2**31), 2**31)
 _SCALARS = ("id", "job", "replica", "group_id", "group_size", "sample_index", "reward", "created_at")
 # The body is the trajectory's packed arrays as they are (trajectory.ARRAYS: names, order, item types).
 _ARRAYS = tuple((name, trajectory_mod.ITEMSIZE[code]) for name, code in trajectory_mod.ARRAYS)
+_V1_TYPES = {
+    "id": (str,),
+    "job": (str,),
+    "group_id": (str,),
+    "replica": (int,),
+    "group_size": (int,),
+    "sample_index": (int,),
+    "reward": (int, float, bool),
+    "created_at": (int, float),
+}
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -73,7 +83,7 @@ def _unframe(data: bytes, kind: str) -> tuple[dict[str, Any], memoryview]:
     view = memoryview(data)
     try:
         header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + head_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
         raise CodecError(f"header: not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise CodecError("header: must be a JSON object")
@@ -84,7 +94,10 @@ def _unframe(data: bytes, kind: str) -> tuple[dict[str, Any], memoryview]:
 
 def encode_trajectory(traj: trajectory_mod.Trajectory) -> bytes:
     """Version 2 (see the module docstring)."""
-    strings = (traj.id.encode(), traj.job.encode(), traj.group_id.encode())
+    try:
+        strings = (traj.id.encode(), traj.job.encode(), traj.group_id.encode())
+    except (UnicodeEncodeError, AttributeError) as exc:
+        raise CodecError(f"id/job/group_id: not encodable as UTF-8: {exc}") from exc
     counts = [len(data) // size for (_, size), data in zip(_ARRAYS, traj.packed, strict=True)]
     try:
         fixed = FIXED_V2.pack(
@@ -93,14 +106,17 @@ def encode_trajectory(traj: trajectory_mod.Trajectory) -> bytes:
         )  # fmt: skip
     except struct.error as exc:
         for name in ("replica", "group_size", "sample_index"):
-            if getattr(traj, name) not in _INT32:
-                raise CodecError(f"{name}: {getattr(traj, name)} does not fit an int32") from exc
+            value = getattr(traj, name)
+            if isinstance(value, int) and value not in _INT32:  # ints only: `in range` is linear for floats
+                raise CodecError(f"{name}: {value} does not fit an int32") from exc
         raise CodecError(f"trajectory fields: {exc}") from exc
     return b"".join((fixed, *strings, *traj.packed))
 
 
 def decode_trajectory(data: bytes) -> trajectory_mod.Trajectory:
     """Version 2, or version 1 (written by an older rollout)."""
+    if type(data) is not bytes:  # memoryview has no .decode; bytearray slices would be mutable, unhashable
+        data = bytes(data)
     version = _version(data)
     if version == 1:
         return _decode_trajectory_v1(data)
@@ -149,7 +165,9 @@ def _decode_trajectory_v1(data: bytes) -> trajectory_mod.Trajectory:
         offset = 0
         for name, size in _ARRAYS:
             count = lengths[name]
-            end = offset + int(count) * size
+            if type(count) is not int:
+                raise CodecError(f"{name}: element count {count!r} is not an integer")
+            end = offset + count * size
             if end > len(body) or count < 0:
                 raise CodecError(f"{name}: {count} elements do not fit the message")
             packed.append(bytes(body[offset:end]))
@@ -162,6 +180,11 @@ def _decode_trajectory_v1(data: bytes) -> trajectory_mod.Trajectory:
         raise CodecError(f"lengths: malformed: {exc}") from exc
     if offset != len(body):
         raise CodecError(f"arrays: {len(body) - offset} trailing bytes")
+    for name, types in _V1_TYPES.items():  # what v2's struct enforces; JSON carries any type
+        if type(scalars[name]) not in types:
+            expected = " or ".join(t.__name__ for t in types)
+            raise CodecError(f"{name}: {type(scalars[name]).__name__} is not {expected}")
+    scalars["reward"], scalars["created_at"] = float(scalars["reward"]), float(scalars["created_at"])
     try:
         return trajectory_mod.Trajectory.from_packed(**scalars, packed=tuple(packed))
     except trajectory_mod.InvalidTrajectory as exc:

@@ -346,6 +346,7 @@ class RolloutWorker:
                 logged = wait_s = None
             except replica.TrainerUnreachable as exc:
                 wait_s = retry_after_s(wait_s, exc.refused, self.s.retry_max_s)
+                init_wait_s = None  # the engine's failures after a reconnect are a new streak
                 if logged != exc.refused:
                     log.warning(
                         "%s; retrying%s",

@@ -185,6 +185,16 @@ def test_names_are_sanitised_and_per_job():
     assert subjects.stream_name("a", "b") != subjects.stream_name("b", "a")
 
 
+PINNED_ARRAYS = (
+    struct.pack("<3i", 1, 40, 41)  # prompt_ids
+    + struct.pack("<3i", 50, 51, 2)  # response_ids
+    + struct.pack("<3f", -0.5, -2.5, -7.0)  # behaviour_logprobs
+    + struct.pack("<3i", 3, 3, 4)  # versions
+    + bytes([1, 1, 1])  # mask
+)
+"""The arrays of the pinned trajectory, laid out the same in both wire versions."""
+
+
 def test_wire_format_v1_is_pinned_byte_for_byte():
     """Spelled out independently of the codec: what older rollouts wrote is still read."""
     traj = make(behaviour_logprobs=[-0.5, -2.5, -7.0])
@@ -201,14 +211,7 @@ def test_wire_format_v1_is_pinned_byte_for_byte():
         "lengths": {"prompt_ids": 3, "response_ids": 3, "behaviour_logprobs": 3, "versions": 3, "mask": 3},
     }
     head = json.dumps(header, separators=(",", ":")).encode()
-    body = (
-        struct.pack("<3i", 1, 40, 41)
-        + struct.pack("<3i", 50, 51, 2)
-        + struct.pack("<3f", -0.5, -2.5, -7.0)
-        + struct.pack("<3i", 3, 3, 4)
-        + bytes([1, 1, 1])
-    )
-    wire = b"ARL\x01" + struct.pack("<I", len(head)) + head + body
+    wire = b"ARL\x01" + struct.pack("<I", len(head)) + head + PINNED_ARRAYS
     assert encode_v1(traj) == wire
     assert codec.decode_trajectory(wire) == traj
 
@@ -225,14 +228,7 @@ def test_wire_format_v2_is_pinned_byte_for_byte():
         + struct.pack("<3I", *map(len, strings))
         + struct.pack("<5I", 3, 3, 3, 3, 3)  # prompt, response, logprobs, versions, mask counts
     )
-    body = (
-        struct.pack("<3i", 1, 40, 41)
-        + struct.pack("<3i", 50, 51, 2)
-        + struct.pack("<3f", -0.5, -2.5, -7.0)
-        + struct.pack("<3i", 3, 3, 4)
-        + bytes([1, 1, 1])
-    )
-    wire = fixed + b"".join(strings) + body
+    wire = fixed + b"".join(strings) + PINNED_ARRAYS
     assert codec.encode_trajectory(traj) == wire
     assert codec.decode_trajectory(wire) == traj
 

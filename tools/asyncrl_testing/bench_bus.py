@@ -64,56 +64,57 @@ async def _drain(
         got += len(batch)
 
 
-async def run_raw(url: str, payloads: list[bytes], job: str) -> float:
+async def _open(url: str, job: str, count: int) -> tuple[Any, Any, jetstream.StreamSettings]:
+    """A connection and a fresh stream for one side of one round."""
     nc = await nats.connect(url)
     js = nc.jetstream()
-    settings = jetstream.StreamSettings("bench", job, max_size=len(payloads) * 2)
+    settings = jetstream.StreamSettings("bench", job, max_size=count * 2)
     await jetstream.ensure_stream(js, settings)
+    return nc, js, settings
+
+
+async def _rate(nc: Any, t0: float, count: int) -> float:
+    """Messages per second since ``t0``, once every ack has left the client."""
+    await nc.flush()
+    elapsed = time.perf_counter() - t0
+    await nc.close()
+    return count / elapsed
+
+
+async def _ack_all(msgs: list[Any]) -> None:
+    for m in msgs:
+        await m.ack()
+
+
+async def run_raw(url: str, payloads: list[bytes], job: str) -> float:
+    nc, js, settings = await _open(url, job, len(payloads))
     sub = await js.pull_subscribe(settings.subject, durable="raw", stream=settings.stream)
     t0 = time.perf_counter()
     for data in payloads:
         await js.publish(settings.subject, data)
-
-    async def ack_all(msgs: list[Any]) -> None:
-        for m in msgs:
-            await m.ack()
-
-    await _drain(lambda: sub.fetch(256, timeout=5), ack_all, len(payloads))
-    await nc.flush()
-    elapsed = time.perf_counter() - t0
-    await nc.close()
-    return len(payloads) / elapsed
+    await _drain(lambda: sub.fetch(256, timeout=5), _ack_all, len(payloads))
+    return await _rate(nc, t0, len(payloads))
 
 
 async def run_parts(url: str, trajs: list[trajectory.Trajectory], job: str) -> float:
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    settings = jetstream.StreamSettings("bench", job, max_size=len(trajs) * 2)
-    await jetstream.ensure_stream(js, settings)
+    nc, js, settings = await _open(url, job, len(trajs))
     sub = await js.pull_subscribe(settings.subject, durable="parts", stream=settings.stream)
     t0 = time.perf_counter()
     for t in trajs:
         await js.publish(settings.subject, codec.encode_trajectory(t), headers={"Nats-Msg-Id": t.id})
 
     async def fetch() -> list[Any]:
-        return [(m, codec.decode_trajectory(m.data)) for m in await sub.fetch(256, timeout=5)]
+        msgs = await sub.fetch(256, timeout=5)
+        for m in msgs:
+            codec.decode_trajectory(m.data)
+        return list(msgs)
 
-    async def ack_all(received: list[Any]) -> None:
-        for m, _ in received:
-            await m.ack()
-
-    await _drain(fetch, ack_all, len(trajs))
-    await nc.flush()
-    elapsed = time.perf_counter() - t0
-    await nc.close()
-    return len(trajs) / elapsed
+    await _drain(fetch, _ack_all, len(trajs))
+    return await _rate(nc, t0, len(trajs))
 
 
 async def run_asyncrl(url: str, trajs: list[trajectory.Trajectory], job: str) -> float:
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    settings = jetstream.StreamSettings("bench", job, max_size=len(trajs) * 2)
-    await jetstream.ensure_stream(js, settings)
+    nc, js, settings = await _open(url, job, len(trajs))
     consumer = jetstream.Consumer(js, settings)
     await consumer.open()
     pub = jetstream.Publisher(js, settings)
@@ -127,10 +128,7 @@ async def run_asyncrl(url: str, trajs: list[trajectory.Trajectory], job: str) ->
             await r.msg.ack()
 
     await _drain(lambda: consumer.fetch(256, 5.0), ack_all, len(trajs))
-    await nc.flush()
-    elapsed = time.perf_counter() - t0
-    await nc.close()
-    return len(trajs) / elapsed
+    return await _rate(nc, t0, len(trajs))
 
 
 def main() -> None:

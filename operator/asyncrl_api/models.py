@@ -102,6 +102,12 @@ _SPEC_RULES = (
         ),
     ),
     base.Rule(
+        cel="!has(self.agent) || self.data.format == 'chat'",
+        message="spec.agent needs data.format chat (tool schemas and messages go through the chat template)",
+        field_path=".data.format",
+        check=lambda s: s.agent is None or s.data.format == "chat",
+    ),
+    base.Rule(
         cel="self.rollout.sampling.maxTokens < self.rollout.engine.maxModelLen",
         message="rollout.sampling.maxTokens must be below rollout.engine.maxModelLen (room for the prompt)",
         field_path=".rollout.sampling.maxTokens",

@@ -44,6 +44,10 @@ class TinyModelSpec(base.APIModel):
     """Hidden size."""
     heads: int = pydantic.Field(default=2, ge=1, le=64)
     """Attention heads; hidden / heads must be a head size vLLM supports (e.g. 64)."""
+    chat: bool = False
+    """Add ChatML and tool-call special tokens (`<|im_start|>`, `<|im_end|>`, `<tool_call>`,
+    `</tool_call>`) and a chat template with tool support, so data.format chat and spec.agent run on
+    the tiny model. The model's end-of-turn token is then `<|im_end|>`."""
 
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> TinyModelSpec:
@@ -73,7 +77,12 @@ class DataSpec(base.APIModel):
     validation: str | None = pydantic.Field(default=None, min_length=1, max_length=4096)
     """Optional JSONL file (or `builtin:<task>`) the trainer evaluates on."""
     prompt_key: str = pydantic.Field(default="prompt", min_length=1, max_length=256)
-    """Record field holding the prompt text; the whole record is passed to the reward function."""
+    """Record field holding the prompt: a string (one user message) or, with format chat, a list of
+    `{role, content}` messages. The whole record is passed to the reward function."""
+    format: Literal["chat", "raw"] = "chat"
+    """chat: prompts are rendered with the model's chat template (`tokenizer.apply_chat_template`, with
+    the tool schemas when spec.agent is set); a model without a template is refused at rollout start.
+    raw: the prompt string is tokenized as it is (base models without a chat template)."""
 
 
 class SecretKeyRef(base.APIModel):
@@ -153,18 +162,63 @@ class TeacherSpec(base.APIModel):
     """Weight of the reverse-KL term to the teacher."""
 
 
-class AgentSpec(base.APIModel):
-    """An optional multi-turn tool-calling loop around generation (verl's agent loop)."""
+TOOL_PARSER = r"^([A-Za-z0-9_-]+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+"""A vLLM tool-parser name (hermes, ...) or a vLLM ToolParser subclass as "package.module:Class"."""
 
-    loop: Literal["single", "tool"] = "tool"
-    """single: one assistant turn; tool: the model may call tools, whose output is appended (masked)."""
-    max_user_turns: int = pydantic.Field(default=1, ge=1, le=256)
-    """Maximum user turns per trajectory."""
+_AGENT_RULES = (
+    base.Rule(
+        cel="size(self.tools) > 0",
+        message="agent.tools must name at least one tool",
+        field_path=".tools",
+        check=lambda a: len(a.tools) > 0,
+    ),
+)
+
+
+class AgentSpec(base.APIModel):
+    """A multi-turn tool-calling loop around generation (verl's Agent Loop, `tool_agent`): generate,
+    parse tool calls, run them, append their output as tool messages (never trained on), generate
+    again, until the model answers without a call or a limit ends the episode. Every episode ends; its
+    trajectory records why (`asyncrl_agent_episodes_total{ended}`). Needs data.format chat."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_AGENT_RULES))
+
+    loop: Literal["tool"] = "tool"
+    """The loop. `tool` is the only one today; a job without spec.agent generates one turn."""
+    max_user_turns: int = pydantic.Field(default=4, ge=1, le=256)
+    """Maximum turns of tool responses per episode (verl counts them as user turns); the episode ends
+    `max_turns` when the model calls once more after the last."""
     max_assistant_turns: int = pydantic.Field(default=4, ge=1, le=256)
-    """Maximum assistant turns per trajectory."""
+    """Maximum assistant (generated) turns per episode; ends `max_turns`."""
     max_parallel_calls: int = pydantic.Field(default=1, ge=1, le=64)
-    """Tool calls executed concurrently within one turn."""
+    """Tool calls of one turn executed at once; a turn's further calls wait for a free slot."""
     tools: list[Annotated[str, pydantic.Field(pattern=IMPORT_PATH, max_length=512)]] = pydantic.Field(
         default_factory=list, max_length=64
     )
-    """Tools as "package.module:fn"; a record's `tools` field may select a subset per sample."""
+    """Tools as "package.module:fn" (sync or async). The JSON schema the model sees comes from the
+    signature and docstring; a parameter named `record` receives the sample's record and is not shown
+    to the model. A record's `tools` field (a list of names) selects a subset per sample."""
+    tool_parser: str = pydantic.Field(default="hermes", pattern=TOOL_PARSER, max_length=512)
+    """How tool calls are read from generated text: a vLLM tool parser by name (`hermes`:
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) or a vLLM ToolParser subclass as
+    "package.module:Class"."""
+    stop_tokens: list[Annotated[str, pydantic.Field(min_length=1, max_length=64)]] = pydantic.Field(
+        default_factory=list, max_length=16
+    )
+    """Extra tokens that end an assistant turn besides the model's end-of-turn token (e.g.
+    `</tool_call>`); each must be one token of the vocabulary (checked at rollout start)."""
+    tool_timeout_seconds: float = pydantic.Field(default=30.0, gt=0.0, le=3600.0)
+    """Per call; a call that takes longer returns a timeout error message to the model."""
+    max_tool_response_chars: int = pydantic.Field(default=256, ge=16, le=1_000_000)
+    """Longer tool output is cut in the middle (verl's max_tool_response_length)."""
+    max_consecutive_invalid_calls: int = pydantic.Field(default=3, ge=1, le=256)
+    """Turns in a row whose calls all failed to parse, named unknown tools or had bad arguments end
+    the episode `invalid_calls`."""
+    max_episode_tokens: int | None = pydantic.Field(default=None, ge=1, le=1_048_576)
+    """Response tokens per episode (generated and tool output); ends `budget`. Unset: only the context
+    (rollout.engine.maxModelLen) bounds it, ending `length`."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> AgentSpec:
+        base.check_rules(self, _AGENT_RULES)
+        return self

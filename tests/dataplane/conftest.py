@@ -46,3 +46,9 @@ def prometheus() -> Iterator[Callable[..., prometheus_server.Prometheus]]:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A seeded 2-layer Llama (hidden 128, 2 heads) with a char-level tokenizer, as a local HF dir."""
     return tinymodel.create_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The tiny model with ChatML + tool-call tokens and a chat template (``chat=True``)."""
+    return tinymodel.create_tiny_model(tmp_path_factory.mktemp("tiny-chat") / "model", seed=0, chat=True)

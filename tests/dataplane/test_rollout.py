@@ -53,7 +53,7 @@ def job_config(model_dir: pathlib.Path, nats_url: str, **spec_overrides: Any) ->
         "trainer": {"replicas": 1, "gpusPerReplica": 0, "batch": {"prompts": PROMPTS, "miniBatches": 1}},
         "async": {"maxStaleness": STALENESS, "queue": {"maxSize": 1000}},
         "weightSync": {"backend": "gloo", "timeoutSeconds": 5},
-        "data": {"prompts": "builtin:say_char"},
+        "data": {"prompts": "builtin:say_char", "format": "raw"},
         "bus": {"nats": {"managed": False, "url": nats_url}},
     }  # fmt: skip
     spec.update(spec_overrides)

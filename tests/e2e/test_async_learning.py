@@ -69,7 +69,7 @@ def write_config(
             },
             "async": {"maxStaleness": max_staleness, "syncEverySteps": 1, "queue": {"maxSize": 256}},
             "weightSync": {"backend": "gloo", "timeoutSeconds": 30},
-            "data": {"prompts": "builtin:say_char"},
+            "data": {"prompts": "builtin:say_char", "format": "raw"},
             "maxSteps": steps,
             "progress": {"reportIntervalSeconds": 1},
         },

@@ -49,7 +49,7 @@ def job_spec(tmp: pathlib.Path) -> dict[str, Any]:
         },
         "async": {"maxStaleness": 2, "syncEverySteps": 1, "queue": {"maxSize": 256}},
         "weightSync": {"backend": "gloo", "timeoutSeconds": TIMEOUT_S},
-        "data": {"prompts": "builtin:say_char"},
+        "data": {"prompts": "builtin:say_char", "format": "raw"},
         "maxSteps": MAX_STEPS,
     }  # fmt: skip
 

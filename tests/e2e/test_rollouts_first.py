@@ -52,7 +52,7 @@ def job_spec(tmp: pathlib.Path) -> dict[str, Any]:
         },
         "async": {"maxStaleness": MAX_STALENESS, "syncEverySteps": 1, "queue": {"maxSize": 256}},
         "weightSync": {"backend": "gloo", "timeoutSeconds": 15},
-        "data": {"prompts": "builtin:say_char"},
+        "data": {"prompts": "builtin:say_char", "format": "raw"},
         "maxSteps": 1000,
     }  # fmt: skip
 

@@ -85,7 +85,7 @@ def spec_for(
                   "syncEverySteps": args.sync_every,
                   "queue": {"maxSize": 200_000, "whenFull": "dropOldest"}},
         "weightSync": {"backend": "gloo", "timeoutSeconds": 30},
-        "data": {"prompts": "builtin:say_char"}, "maxSteps": 1_000_000,
+        "data": {"prompts": "builtin:say_char", "format": "raw"}, "maxSteps": 1_000_000,
         "progress": {"reportIntervalSeconds": 2},
     })  # fmt: skip
 

@@ -21,7 +21,7 @@ BASE_SPEC: dict[str, Any] = {
     "model": {"path": "/models/tiny", "dtype": "float32"},
     "rollout": {"replicas": 2, "gpusPerReplica": 1},
     "trainer": {"replicas": 2, "gpusPerReplica": 1},
-    "data": {"prompts": "builtin:say_char"},
+    "data": {"prompts": "builtin:say_char", "format": "raw"},
 }
 
 

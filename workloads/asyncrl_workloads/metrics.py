@@ -83,8 +83,14 @@ REWARD = _histogram("asyncrl_reward", "Reward per trajectory.", _REWARD_BUCKETS)
 PARTIAL_ROLLOUTS = _counter(
     "asyncrl_partial_rollouts", "Samples whose tokens span more than one policy version."
 )
-TOOL_CALLS = _counter("asyncrl_tool_calls", "Agent-loop tool calls.")
+TOOL_CALLS = _counter(
+    "asyncrl_tool_calls",
+    "Agent-loop tool calls, by tool and outcome (see episode/tools.py).",
+    ("tool", "outcome"),
+)
+TOOL_SECONDS = _histogram("asyncrl_tool_seconds", "Agent-loop tool call latency.", _SECONDS_BUCKETS)
 AGENT_TURNS = _histogram("asyncrl_agent_turns", "Assistant turns per agent trajectory.", _TURN_BUCKETS)
+AGENT_EPISODES = _counter("asyncrl_agent_episodes", "Agent-loop episodes, by why they ended.", ("ended",))
 PREEMPTED = _counter("asyncrl_preempted", "In-flight requests interrupted by a weight update.")
 PUBLISH_BLOCKED_SECONDS = _counter(
     "asyncrl_bus_publish_blocked_seconds", "Time publishers backed off on a full queue (whenFull: block)."
@@ -129,12 +135,21 @@ class Bound:
         self.tokens_generated = TOKENS_GENERATED.labels(*values)
         self.reward = REWARD.labels(*values)
         self.partial_rollouts = PARTIAL_ROLLOUTS.labels(*values)
-        self.tool_calls = TOOL_CALLS.labels(*values)
+        self._values = values
+        self.tool_seconds = TOOL_SECONDS.labels(*values)
         self.agent_turns = AGENT_TURNS.labels(*values)
         self.preempted = PREEMPTED.labels(*values)
         self.publish_blocked_seconds = PUBLISH_BLOCKED_SECONDS.labels(*values)
         self.publish_backoffs = PUBLISH_BACKOFFS.labels(*values)
         self.publish_retries = PUBLISH_RETRIES.labels(*values)
+
+    def tool_calls_by(self, tool: str, outcome: str) -> prometheus_client.Counter:
+        """``asyncrl_tool_calls_total`` for one tool and outcome. Bounded: callers pass a configured
+        tool's name or a fixed marker, never a name the model made up."""
+        return TOOL_CALLS.labels(*self._values, tool, outcome)
+
+    def agent_episodes_by(self, ended: str) -> prometheus_client.Counter:
+        return AGENT_EPISODES.labels(*self._values, ended)
 
 
 def bind(identity: Identity) -> Bound:

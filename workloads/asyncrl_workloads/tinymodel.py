@@ -10,6 +10,12 @@ The tokenizer is character level: one token per printable ASCII character and ne
 `<pad>`, `<bos>`, `<eos>`, `<unk>`. It is a `tokenizers` BPE model with no merges (so every character is
 its own token), wrapped as a `PreTrainedTokenizerFast`; encoding prepends `<bos>`.
 
+With `chat=True` the vocabulary gains ChatML and tool-call specials (`CHAT_SPECIALS`, after the characters,
+so the other ids are unchanged), `<|im_end|>` becomes the end-of-sequence token, and the tokenizer gets
+`CHAT_TEMPLATE`: ChatML turns, tool messages as `<|im_start|>tool`, and the tools listed by name only in a
+system turn (a character-level model's context is short; a 7B model's template would print whole JSON
+schemas). It exists so data.format chat and the agent loop run end to end on CPU.
+
 `create_tiny_model` is idempotent: it writes a marker file with its parameters last, and reuses a
 directory whose marker matches; a directory with a different marker or no marker is an error, never
 overwritten. The directory is assembled beside the target and renamed into place, so concurrent callers
@@ -30,6 +36,25 @@ from typing import Any
 MARKER = "asyncrl-tiny-model.json"
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARACTERS = tuple(chr(code) for code in range(32, 127)) + ("\n",)
+CHAT_SPECIALS = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "tools: {{ tools | map(attribute='function.name') | join(', ') }}<|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if not (message.role == 'system' and loop.first) %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content or '' }}"
+    "{% for call in message.tool_calls or [] %}"
+    "<tool_call>{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML with tools listed by name; the Hermes tool-call format (`<tool_call>{json}</tool_call>`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +68,8 @@ class TinyModelParams:
     intermediate_size: int = 256
     max_position_embeddings: int = 512
     initializer_range: float = 0.02
+    chat: bool = False
+    """ChatML + tool-call special tokens and a chat template (see the module docstring)."""
 
     @property
     def head_dim(self) -> int:
@@ -53,34 +80,40 @@ class TinyModelError(RuntimeError):
     """The target directory holds something else, or the parameters are unusable."""
 
 
-def vocabulary() -> dict[str, int]:
-    """Token -> id: the specials first (pad=0, bos=1, eos=2, unk=3), then the characters."""
-    return {token: index for index, token in enumerate(SPECIALS + CHARACTERS)}
+def vocabulary(chat: bool = False) -> dict[str, int]:
+    """Token -> id: the specials first (pad=0, bos=1, eos=2, unk=3), then the characters, then (chat)
+    the chat specials."""
+    return {
+        token: index for index, token in enumerate(SPECIALS + CHARACTERS + (CHAT_SPECIALS if chat else ()))
+    }
 
 
-def build_tokenizer() -> Any:
+def build_tokenizer(chat: bool = False) -> Any:
     """The character-level tokenizer as a transformers `PreTrainedTokenizerFast`."""
     import tokenizers
     from tokenizers import decoders, models, processors
 
     transformers: Any = importlib.import_module("transformers")  # untyped library: keep mypy strict here
 
-    vocab = vocabulary()
+    vocab = vocabulary(chat)
     core = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.decoder = decoders.Fuse()
     core.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
     )
-    core.add_special_tokens(list(SPECIALS))
-    return transformers.PreTrainedTokenizerFast(
+    core.add_special_tokens(list(SPECIALS + (CHAT_SPECIALS if chat else ())))
+    tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token="<bos>",
-        eos_token="<eos>",
+        eos_token="<|im_end|>" if chat else "<eos>",
         pad_token="<pad>",
         unk_token="<unk>",
         model_max_length=1 << 20,
         clean_up_tokenization_spaces=False,
     )
+    if chat:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def _check(params: TinyModelParams) -> None:
@@ -99,7 +132,8 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
     import torch
 
     transformers: Any = importlib.import_module("transformers")
-    vocab = vocabulary()
+    vocab = vocabulary(params.chat)
+    eos = vocab["<|im_end|>" if params.chat else "<eos>"]
     config = transformers.LlamaConfig(
         vocab_size=len(vocab),
         hidden_size=params.hidden_size,
@@ -114,7 +148,7 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
         tie_word_embeddings=False,
         dtype="float32",
         bos_token_id=vocab["<bos>"],
-        eos_token_id=vocab["<eos>"],
+        eos_token_id=eos,
         pad_token_id=vocab["<pad>"],
     )
     generator_state = torch.random.get_rng_state()
@@ -126,7 +160,7 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
     model.generation_config.do_sample = True
     transformers.utils.logging.disable_progress_bar()
     model.save_pretrained(target)
-    build_tokenizer().save_pretrained(target)
+    build_tokenizer(params.chat).save_pretrained(target)
     (target / MARKER).write_text(json.dumps(dataclasses.asdict(params), sort_keys=True) + "\n")
 
 
@@ -173,5 +207,10 @@ def create_tiny_model(path: str | os.PathLike[str], seed: int = 0, **overrides: 
 def create_from_spec(path: str | os.PathLike[str], spec: Any) -> pathlib.Path:
     """Create (or reuse) the model an `asyncrl_api.task.TinyModelSpec` (spec.model.create) describes."""
     return create_tiny_model(
-        path, seed=spec.seed, num_layers=spec.layers, hidden_size=spec.hidden, num_heads=spec.heads
+        path,
+        seed=spec.seed,
+        num_layers=spec.layers,
+        hidden_size=spec.hidden,
+        num_heads=spec.heads,
+        chat=spec.chat,
     )

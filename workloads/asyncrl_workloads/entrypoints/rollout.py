@@ -34,14 +34,18 @@ def main(argv: list[str] | None = None) -> int:
         replica = int(os.environ.get("ASYNCRL_REPLICA", "0"))
     except ValueError:
         return _fail(2, f"ASYNCRL_REPLICA: not an integer: {os.environ['ASYNCRL_REPLICA']!r}")
-    from asyncrl_workloads.rewards import loader  # light: stdlib only
+    from asyncrl_workloads.episode import tools as tools_mod  # light: stdlib + the job's tool modules
+    from asyncrl_workloads.rewards import loader
     from asyncrl_workloads.tasks import source
 
     spec = cfg.spec
     try:
         reward_fn = loader.resolve(spec.reward.function, spec.data.prompts)
-        records = source.load_prompts(spec.data.prompts, spec.data.prompt_key)
-    except (loader.RewardLoadError, source.PromptSourceError) as exc:
+        records = source.load_prompts(
+            spec.data.prompts, spec.data.prompt_key, chat=spec.data.format == "chat"
+        )
+        tools = tools_mod.load_tools(spec.agent.tools) if spec.agent is not None else {}
+    except (loader.RewardLoadError, source.PromptSourceError, tools_mod.ToolLoadError) as exc:
         return _fail(2, str(exc))
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s"
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl_workloads.rollout import main as rollout_main  # heavy: vLLM, torch
 
     try:
-        rollout_main.run(cfg, replica, reward_fn, records)
+        rollout_main.run(cfg, replica, reward_fn, records, tools)
     except rollout_main.StartupError as exc:
         return _fail(1, str(exc))
     return 0

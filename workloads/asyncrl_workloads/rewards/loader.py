@@ -6,7 +6,11 @@ after a 30 s engine start.
 
 A reward function has the signature ``fn(record: Mapping, response: str) -> float`` (as
 ``asyncrl_api.task.RewardSpec`` documents), where ``record`` is the prompt record from the data
-source (e.g. ``{"prompt": "say a:", "answer": "a"}``) and ``response`` the decoded completion.
+source (e.g. ``{"prompt": "say a:", "answer": "a"}``) and ``response`` the decoded completion (with
+the agent loop: the last assistant turn's text). A function that takes a third parameter
+``episode`` also gets the agent loop's recorder (``episode.recorder.Episode``: ``messages``, the whole
+conversation in OpenAI form, ``tool_calls`` with their outcomes, ``assistant_turns``, ``ended``); it
+is None for single-turn samples.
 """
 
 from __future__ import annotations
@@ -49,9 +53,19 @@ def load_reward(reference: str, field: str = "spec.reward.function") -> RewardFn
     return fn
 
 
-def score(fn: RewardFn, record: Mapping[str, Any], response: str) -> float:
-    """Call a reward function and coerce its result to a finite float (NaN/inf -> ValueError)."""
-    value = float(fn(record, response))
+def takes_episode(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` accepts a third argument (the agent loop's episode)."""
+    try:
+        inspect.signature(fn).bind({}, "response", None)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def score(fn: RewardFn, record: Mapping[str, Any], response: str, episode: Any = None) -> float:
+    """Call a reward function and coerce its result to a finite float (NaN/inf -> ValueError);
+    ``episode`` is passed when the function takes it."""
+    value = float(fn(record, response, episode) if takes_episode(fn) else fn(record, response))  # type: ignore[call-arg]
     if not math.isfinite(value):
         raise ValueError(f"reward function returned {value} for response {response[:40]!r}")
     return value

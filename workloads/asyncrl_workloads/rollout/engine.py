@@ -135,10 +135,17 @@ class RolloutEngine:
 
     # ---- generation ------------------------------------------------------------------------
     def sampling(
-        self, n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None = None
+        self,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] = (),
     ) -> SamplingParams:
         return SamplingParams(
             n=n,
+            stop_token_ids=list(stop_token_ids) or None,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,

@@ -23,6 +23,10 @@ from asyncrl_api import config as config_mod
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
+from asyncrl_workloads.episode import chat as chat_mod
+from asyncrl_workloads.episode import loop as loop_mod
+from asyncrl_workloads.episode import parser as parser_mod
+from asyncrl_workloads.episode import tools as tools_mod
 from asyncrl_workloads.rewards import loader
 from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import worker as worker_mod
@@ -86,9 +90,51 @@ def worker_settings(cfg: config_mod.JobConfig, replica: int) -> worker_mod.Worke
 
 
 def run(
-    cfg: config_mod.JobConfig, replica: int, reward_fn: loader.RewardFn, records: Sequence[Mapping[str, Any]]
+    cfg: config_mod.JobConfig,
+    replica: int,
+    reward_fn: loader.RewardFn,
+    records: Sequence[Mapping[str, Any]],
+    tools: Mapping[str, tools_mod.Tool] | None = None,
 ) -> None:
-    asyncio.run(_run(cfg, replica, reward_fn, records))
+    asyncio.run(_run(cfg, replica, reward_fn, records, tools or {}))
+
+
+def prompt_format(cfg: config_mod.JobConfig, tokenizer: Any) -> chat_mod.ChatFormat | chat_mod.RawFormat:
+    """The job's data.format over the model's tokenizer (StartupError: the model cannot do it)."""
+    data = cfg.spec.data
+    if data.format == "raw":
+        return chat_mod.RawFormat(tokenizer, data.prompt_key)
+    try:
+        return chat_mod.ChatFormat(tokenizer, data.prompt_key)
+    except chat_mod.FormatError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def agent_loop(
+    cfg: config_mod.JobConfig,
+    engine: loop_mod.Engine,
+    chat: chat_mod.ChatFormat,
+    tools: Mapping[str, tools_mod.Tool],
+    max_model_len: int,
+    metrics: metrics_mod.Bound | None,
+) -> loop_mod.ToolLoop:
+    """spec.agent's loop over the engine (StartupError: a parser or stop token the model cannot use)."""
+    agent = cfg.spec.agent
+    assert agent is not None
+    try:
+        parser = parser_mod.ToolCallParser(agent.tool_parser, chat.tokenizer)
+    except parser_mod.ParserLoadError as exc:
+        raise StartupError(str(exc)) from None
+    vocab = chat.tokenizer.get_vocab()
+    stop_ids = []
+    for i, token in enumerate(agent.stop_tokens):
+        if token not in vocab:
+            raise StartupError(
+                f"spec.agent.stopTokens[{i}]: {token!r} is not one token of the model's vocabulary"
+            )
+        stop_ids.append(vocab[token])
+    settings = loop_mod.settings_from_spec(agent, cfg.spec.rollout.sampling, max_model_len, stop_ids)
+    return loop_mod.ToolLoop(settings, engine, chat, parser, tools, metrics)
 
 
 async def _connect(url: str) -> Any:
@@ -101,7 +147,11 @@ async def _connect(url: str) -> Any:
 
 
 async def _run(
-    cfg: config_mod.JobConfig, replica: int, reward_fn: loader.RewardFn, records: Sequence[Mapping[str, Any]]
+    cfg: config_mod.JobConfig,
+    replica: int,
+    reward_fn: loader.RewardFn,
+    records: Sequence[Mapping[str, Any]],
+    tools: Mapping[str, tools_mod.Tool],
 ) -> None:
     spec = cfg.spec
     if spec.model.create is not None:
@@ -122,13 +172,19 @@ async def _run(
         )
         await jetstream.ensure_stream(js, streams)
         publisher = jetstream.Publisher(js, streams, bound)
-        try:
-            engine = await engine_mod.RolloutEngine.start(engine_settings(cfg))
-        except Exception as exc:
-            raise StartupError(f"vLLM engine failed to start for {spec.model.path}: {exc}") from exc
         import transformers
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.path)
+        formatter = prompt_format(cfg, tokenizer)  # before the engine: a bad format fails in seconds
+        settings = engine_settings(cfg)
+        try:
+            engine = await engine_mod.RolloutEngine.start(settings)
+        except Exception as exc:
+            raise StartupError(f"vLLM engine failed to start for {spec.model.path}: {exc}") from exc
+        agent = None
+        if spec.agent is not None:
+            assert isinstance(formatter, chat_mod.ChatFormat)  # spec rule: agent needs data.format chat
+            agent = agent_loop(cfg, engine, formatter, tools, settings.max_model_len, bound)
         link = replica_mod.ReplicaLink(
             cfg.endpoints.trainer_host, cfg.endpoints.weight_sync_port, replica,
             ranks=max(1, spec.rollout.gpus_per_replica),
@@ -136,6 +192,7 @@ async def _run(
         worker = worker_mod.RolloutWorker(
             worker_settings(cfg, replica), engine, link, publisher.publish, reward_fn, records,
             lambda text: list(tokenizer(text)["input_ids"]), bound,
+            prompt_ids=formatter.prompt_ids, agent=agent,
         )  # fmt: skip
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

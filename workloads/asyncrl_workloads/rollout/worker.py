@@ -6,8 +6,9 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
 ``jetstream.Publisher.publish``). Two loops run side by side:
 
 - **generation**: up to ``max_inflight_prompts`` groups at once; each group is one vLLM request
-  with ``n`` samples; every sample becomes one ``Trajectory`` (token ids, processed behaviour
-  logprobs, the policy version of every token, reward) published to the bus.
+  with ``n`` samples, or with the agent loop (``episode/loop.py``) ``n`` multi-turn episodes side by
+  side; every sample becomes one ``Trajectory`` (token ids, processed behaviour logprobs, the policy
+  version of every token, the mask, reward) published to the bus.
 - **control**: waits for plans (``PlanWatcher`` polls the rendezvous from a thread of its own, so
   the event loop, which also runs vLLM's front end, wakes only when something changed); for a plan
   that includes this replica it runs the weight-update round (``rollout/update.py``: with gloo the
@@ -35,6 +36,8 @@ from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.episode import loop as loop_mod
+from asyncrl_workloads.episode import recorder
 from asyncrl_workloads.rewards import loader as reward_loader
 from asyncrl_workloads.rollout import admission as admission_mod
 from asyncrl_workloads.rollout import engine as engine_mod
@@ -43,6 +46,23 @@ from asyncrl_workloads.weightsync import base, replica
 
 log = logging.getLogger(__name__)
 Publish = Callable[[trajectory_mod.Trajectory], Awaitable[bool]]
+PromptIds = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], list[int]]
+"""(record, tool schemas) -> prompt token ids: ``episode.chat.ChatFormat.prompt_ids`` / ``RawFormat``'s."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One sample of a group, single-turn or an agent episode; arrays line up (R,) as a Trajectory's."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    mask: list[int]
+    text: str
+    """What the reward scores: the completion, or the episode's last assistant turn."""
+    episode: recorder.Episode | None = None
+
 
 RETRY_S = 1.0
 """Wait before asking an unreachable trainer's store again."""
@@ -196,9 +216,15 @@ class RolloutWorker:
         records: Sequence[Mapping[str, Any]],
         encode: Callable[[str], list[int]],
         metrics: metrics_mod.Bound,
+        *,
+        prompt_ids: PromptIds | None = None,
+        agent: loop_mod.ToolLoop | None = None,
     ) -> None:
+        """``encode`` tokenizes a raw prompt string; ``prompt_ids`` (the job's data.format), when given,
+        renders a record instead; ``agent`` runs each sample as a multi-turn episode."""
         self.s, self.engine, self.link, self.publish = settings, engine, link, publish
         self.reward_fn, self.records, self.encode, self.m = reward_fn, records, encode, metrics
+        self.prompt_ids, self.agent = prompt_ids, agent
         self.stats = Stats()
         self.incarnation = link.incarnation if link else "local"
         self._rng = random.Random(settings.seed * 1000003 + settings.replica)
@@ -270,16 +296,11 @@ class RolloutWorker:
 
     async def _group(self, index: int, record: Mapping[str, Any]) -> None:
         try:
-            prompt_ids = self.encode(str(record[self.s.prompt_key]))
-            params = self.engine.sampling(
-                self.s.n, self.s.max_tokens, self.s.temperature, self.s.top_p,
-                seed=self.s.seed * 7919 + self.s.replica * 1_000_003 + index,
-            )  # fmt: skip
             task = asyncio.current_task()
             assert task is not None
             self._generating.add(task)
             try:
-                completions = await self.engine.generate(prompt_ids, params)
+                samples = await self._generate(index, record)
             finally:
                 self._generating.discard(task)
             key = f"{self.incarnation}.{index}"
@@ -287,23 +308,23 @@ class RolloutWorker:
             # Score first, publish after: group_size must count only the samples that are published,
             # or the trainer waits for a group member that never comes (an empty completion, a reward
             # function that raised).
-            kept: list[tuple[int, Any, float]] = []
-            for i, c in enumerate(completions):
-                if not c.token_ids:
+            kept: list[tuple[int, Sample, float]] = []
+            for i, c in enumerate(samples):
+                if 1 not in c.mask:  # nothing generated (an empty completion or episode)
                     continue
                 try:
-                    kept.append((i, c, reward_loader.score(self.reward_fn, record, c.text)))
+                    kept.append((i, c, reward_loader.score(self.reward_fn, record, c.text, c.episode)))
                 except Exception:  # a buggy reward skips the sample, not the replica
                     log.exception("reward function failed on group %d sample %d; sample skipped", index, i)
             for j, (i, c, reward) in enumerate(kept):  # sample_index counts kept samples (< group_size)
                 traj = trajectory_mod.Trajectory(
                     id=trajectory_mod.trajectory_id(self.s.job, self.s.replica, key, i),
                     job=self.s.job, replica=self.s.replica, group_id=group_id, group_size=len(kept),
-                    sample_index=j, prompt_ids=list(prompt_ids), response_ids=c.token_ids,
-                    behaviour_logprobs=c.logprobs, versions=c.versions, mask=[1] * len(c.token_ids),
+                    sample_index=j, prompt_ids=c.prompt_ids, response_ids=c.response_ids,
+                    behaviour_logprobs=c.logprobs, versions=c.versions, mask=c.mask,
                     reward=reward, created_at=time.time(),
                 )  # fmt: skip
-                self.m.tokens_generated.inc(len(c.token_ids))
+                self.m.tokens_generated.inc(sum(c.mask))
                 self.m.reward.observe(reward)
                 if len(set(c.versions)) > 1:
                     self.stats.partial += 1
@@ -315,6 +336,30 @@ class RolloutWorker:
             log.exception("group %d failed", index)
             if self.failure is None:
                 self.failure = exc
+
+    async def _generate(self, index: int, record: Mapping[str, Any]) -> list[Sample]:
+        """The group's ``n`` samples: one engine request, or ``n`` agent episodes side by side."""
+        seed = self.s.seed * 7919 + self.s.replica * 1_000_003 + index
+        if self.agent is not None:
+            episodes = await asyncio.gather(
+                *(self.agent.run(record, seed * 131 + i) for i in range(self.s.n))
+            )
+            return [
+                Sample(ep.prompt_ids, ep.response_ids, ep.logprobs, ep.versions, ep.mask, ep.final_text, ep)
+                for ep in episodes
+            ]
+        if self.prompt_ids is not None:
+            prompt_ids = self.prompt_ids(record, ())
+        else:
+            prompt_ids = self.encode(str(record[self.s.prompt_key]))
+        params = self.engine.sampling(
+            self.s.n, self.s.max_tokens, self.s.temperature, self.s.top_p, seed=seed
+        )
+        completions = await self.engine.generate(prompt_ids, params)
+        return [
+            Sample(list(prompt_ids), c.token_ids, c.logprobs, c.versions, [1] * len(c.token_ids), c.text)
+            for c in completions
+        ]
 
     # ---- control loop ----------------------------------------------------------------------
     async def _control(self, stop: asyncio.Event) -> None:

@@ -12,7 +12,7 @@ import pathlib
 from typing import Any
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_TASKS = {"say_char": "asyncrl_workloads.tasks.say_char"}
+BUILTIN_TASKS = {"say_char": "asyncrl_workloads.tasks.say_char", "lookup": "asyncrl_workloads.tasks.lookup"}
 
 
 class PromptSourceError(ValueError):
@@ -20,9 +20,10 @@ class PromptSourceError(ValueError):
 
 
 def load_prompts(
-    source: str, prompt_key: str = "prompt", field: str = "spec.data.prompts"
+    source: str, prompt_key: str = "prompt", field: str = "spec.data.prompts", chat: bool = False
 ) -> list[dict[str, Any]]:
-    """Read every prompt record; each record is a dict that holds ``prompt_key`` as a string."""
+    """Read every prompt record; each record is a dict that holds ``prompt_key`` as a string, or with
+    ``chat`` (data.format chat) also as a list of ``{role, content}`` messages."""
     if source.startswith(BUILTIN_PREFIX):
         records = _builtin(source[len(BUILTIN_PREFIX) :], field)
     else:
@@ -30,9 +31,20 @@ def load_prompts(
     if not records:
         raise PromptSourceError(f"{field}: {source!r} holds no prompts")
     for i, rec in enumerate(records):
-        if not isinstance(rec.get(prompt_key), str):
-            raise PromptSourceError(f"{field}: record {i} of {source!r} has no string field {prompt_key!r}")
+        prompt = rec.get(prompt_key)
+        if isinstance(prompt, str) or (chat and _is_messages(prompt)):
+            continue
+        what = "a string or a list of {role, content} messages" if chat else "a string (data.format raw)"
+        raise PromptSourceError(f"{field}: record {i} of {source!r}: field {prompt_key!r} must be {what}")
     return records
+
+
+def _is_messages(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
+    )
 
 
 def _builtin(task: str, field: str) -> list[dict[str, Any]]:

@@ -167,7 +167,7 @@ TOOL_PARSER = r"^([A-Za-z0-9_-]+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)
 
 _AGENT_RULES = (
     base.Rule(
-        cel="size(self.tools) > 0",
+        cel="has(self.tools) && size(self.tools) > 0",
         message="agent.tools must name at least one tool",
         field_path=".tools",
         check=lambda a: len(a.tools) > 0,

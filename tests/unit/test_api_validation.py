@@ -18,6 +18,27 @@ def test_the_base_spec_is_valid() -> None:
     models.AsyncRLJobSpec.model_validate(BASE)
 
 
+@pytest.mark.parametrize(
+    "agent",
+    [
+        {"tools": ["asyncrl_workloads.tasks.lookup:lookup"]},
+        {
+            "tools": ["asyncrl_workloads.tasks.lookup:lookup", "pkg.mod:other"],
+            "toolParser": "asyncrl_workloads.tasks.lookup_parser:CompactParser",
+            "stopTokens": [f"<{i:062d}>" for i in range(16)],
+            "maxParallelCalls": 1,
+            "maxEpisodeTokens": 1,
+        },
+    ],
+    ids=["defaults", "at-the-limits"],
+)
+def test_an_agent_just_inside_the_limits_the_malformed_cases_cross_is_valid(agent: dict[str, Any]) -> None:
+    spec = models.AsyncRLJobSpec.model_validate(
+        jobs.deep_merge(BASE, {"data": {"format": "chat"}, "agent": agent})
+    )
+    assert spec.agent is not None and spec.agent.tools == agent["tools"]
+
+
 def test_there_are_at_least_fifteen_cases() -> None:
     assert len(CASES) >= 15
 

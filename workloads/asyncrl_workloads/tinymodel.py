@@ -48,7 +48,9 @@ CHAT_TEMPLATE = (
     "{% if not (message.role == 'system' and loop.first) %}"
     "<|im_start|>{{ message.role }}\n{{ message.content or '' }}"
     "{% for call in message.tool_calls or [] %}"
-    "<tool_call>{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}</tool_call>"
+    '<tool_call>{"name": {{ call.function.name | tojson }}, "arguments": '
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}"  # OpenAI form: JSON text
+    "{% else %}{{ call.function.arguments | tojson }}{% endif %}}</tool_call>"
     "{% endfor %}<|im_end|>\n"
     "{% endif %}"
     "{% endfor %}"

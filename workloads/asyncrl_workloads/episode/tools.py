@@ -85,7 +85,7 @@ def load_tool(reference: str, field: str) -> Tool:
     module_name, _, attr = reference.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # ImportError, or the module's own SyntaxError/NameError/...: one line
         raise ToolLoadError(f"{field}: cannot import module {module_name!r} ({exc})") from None
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
@@ -155,10 +155,14 @@ def _docstring(doc: str) -> tuple[str, dict[str, str]]:
     args: dict[str, str] = {}
     section = re.search(r"^(?:Args|Arguments|Parameters):\s*\n((?:[ \t]+.*\n?)+)", doc, re.M)
     if section:
+        name, indent = "", 0
         for line in section.group(1).splitlines():
-            match = re.match(r"\s+(\w+)(?:\s*\([^)]*\))?:\s*(.*)", line)
-            if match:
-                args[match.group(1)] = match.group(2).strip()
+            match = re.match(r"(\s+)(\w+)(?:\s*\([^)]*\))?:\s*(.*)", line)
+            if match and (not name or len(match.group(1)) <= indent):
+                indent, name = len(match.group(1)), match.group(2)
+                args[name] = match.group(3).strip()
+            elif name and line.strip():  # a wrapped description (hanging indent)
+                args[name] = f"{args[name]} {line.strip()}".strip()
     return summary, args
 
 
@@ -222,11 +226,13 @@ async def call(
         else:
             future = asyncio.get_running_loop().run_in_executor(_POOL, lambda: tool.fn(**kwargs))
             value = await asyncio.wait_for(future, timeout_s)
-    except TimeoutError:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+    except TimeoutError as exc:
+        if time.monotonic() - t0 < timeout_s:  # the tool's own TimeoutError, raised before the deadline
+            return result("error", f"error: {type(exc).__name__}: {exc}")
         return result("timeout", f"error: {name} timed out after {timeout_s:g} s")
-    except Exception as exc:  # the tool's own failure is the model's to handle
+    except Exception as exc:  # the tool's own failure (or an unencodable result) is the model's to handle
         return result("error", f"error: {type(exc).__name__}: {exc}")
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
     return result("ok", text)
 
 
@@ -235,5 +241,7 @@ def truncate_middle(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     marker = "...(truncated)..."
-    keep = max(limit - len(marker), 2)
+    if limit < len(marker) + 2:  # no room for the marker and both ends: keep the head
+        return text[:limit]
+    keep = limit - len(marker)
     return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2) :]

@@ -31,6 +31,7 @@ from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
 from asyncrl_workloads.episode import parser as parser_mod
 from asyncrl_workloads.episode import tools as tools_mod
+from asyncrl_workloads.local import process
 
 pytestmark = pytest.mark.dataplane
 LOGPROB_ATOL = 2e-3  # vLLM's CPU kernels vs HF eager in float32 (tests/dataplane/test_foundation.py)
@@ -322,3 +323,77 @@ def test_chat_format_needs_a_template_and_renders_message_lists(tokenizer: Any, 
     with pytest.raises(chat_mod.FormatError, match="no chat template"):
         chat_mod.ChatFormat(base, "prompt")
     assert chat_mod.RawFormat(base, "prompt").prompt_ids({"prompt": "ab"}) == base("ab")["input_ids"]
+
+
+def test_a_weight_update_between_turns_tags_each_turn_with_the_policy_that_generated_it(
+    host: Any, engine: Any, tokenizer: Any, chat_model: Any
+) -> None:
+    """The rollout worker runs an episode whose tool call waits for a weight sync (the trainer's real
+    gloo sender, partialRollout on): the turn before it is version 0, the turn after it version 1, each
+    with the logprobs of its own policy; the tool tokens between take the earlier version, so staleness
+    is judged by the oldest generated token. Runs last in this module: it leaves the engine at v1."""
+    import copy
+
+    import transformers
+    from asyncrl_workloads.rollout import worker as worker_mod
+    from asyncrl_workloads.weightsync import replica, sender
+
+    v0 = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
+    v1 = copy.deepcopy(v0)
+    with torch.no_grad():
+        for p in v1.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    port = process.free_port()
+    trainer = sender.GlooWeightSender(port, timeout_seconds=30, bucket_mb=1)
+    synced: list[Any] = []
+
+    async def sync_weights() -> str:
+        """Waits until the trainer has broadcast version 1."""
+        if not synced:
+            while not await asyncio.to_thread(trainer.members):  # the replica has joined the group
+                await asyncio.sleep(0.05)
+            synced.append(await asyncio.to_thread(trainer.sync, 1, list(v1.state_dict().items())))
+        return "synced"
+
+    loop = make_loop(engine, tokenizer, scripted(("sync_weights", "{}")), toolset(sync_weights),
+                     max_assistant_turns=2, tool_timeout_s=60)  # fmt: skip
+    published: list[trajectory_mod.Trajectory] = []
+    stop_event: list[asyncio.Event] = []
+
+    async def publish(traj: trajectory_mod.Trajectory) -> bool:
+        published.append(traj)
+        stop_event[0].set()
+        return True
+
+    async def scenario() -> None:
+        stop_event.append(asyncio.Event())
+        link = replica.ReplicaLink("127.0.0.1", port, replica=0)
+        settings = worker_mod.WorkerSettings(
+            job="agent-sync", replica=0, n=1, max_tokens=16, max_inflight_prompts=1, partial_rollout=True,
+            max_staleness=1000, groups_per_version=1000,
+        )  # fmt: skip
+        bound = metrics_mod.bind(metrics_mod.Identity("ns", "agent-sync", "rollout", "0"))
+        worker = worker_mod.RolloutWorker(
+            settings, engine, link, publish, lambda record, response: 0.0, [{"prompt": "x"}],
+            lambda text: [], bound, prompt_ids=loop.chat.prompt_ids, agent=loop,
+        )  # fmt: skip
+        await worker.run(stop_event[0])
+
+    try:
+        host.run(scenario(), timeout=240)
+    finally:
+        trainer.close()
+    assert synced and synced[0].members == [0]
+    traj = published[0]
+    assert [m for m, _ in runs(traj.mask)] == [1, 0, 1]
+    first, ctx, second = runs(traj.mask)
+    versions = traj.versions
+    assert set(versions[: first[1] + ctx[1]]) == {0} and set(versions[first[1] + ctx[1] :]) == {1}
+    assert traj.oldest_version == 0 and traj.newest_version == 1
+    ids = torch.tensor([traj.prompt_ids + traj.response_ids])
+    for model, lo, hi in ((v0, 0, first[1]), (v1, first[1] + ctx[1], len(traj.response_ids))):
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(traj.prompt_ids) - 1 : -1].float()  # (R, V)
+        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(traj.response_ids)[:, None])[:, 0]  # (R,)
+        got = torch.tensor(traj.behaviour_logprobs)
+        assert float((got - want)[lo:hi].abs().max()) <= LOGPROB_ATOL

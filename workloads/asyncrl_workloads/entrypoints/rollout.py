@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             spec.data.prompts, spec.data.prompt_key, chat=spec.data.format == "chat"
         )
         tools = tools_mod.load_tools(spec.agent.tools) if spec.agent is not None else {}
+        if spec.agent is not None:
+            tools_mod.check_record_tools(records, tools)
     except (loader.RewardLoadError, source.PromptSourceError, tools_mod.ToolLoadError) as exc:
         return _fail(2, str(exc))
     logging.basicConfig(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -103,11 +102,12 @@ class ToolLoop:
         )
 
     def tools_for(self, record: Mapping[str, Any]) -> dict[str, tools_mod.Tool]:
-        """The record's ``tools`` subset (names), or every tool."""
+        """The record's ``tools`` subset (names, checked at start by ``tools.check_record_tools``), or
+        every tool."""
         names = record.get("tools")
         if names is None:
             return dict(self.tools)
-        return {name: self.tools[name] for name in names if name in self.tools}
+        return {name: self.tools[name] for name in names}
 
     async def run(self, record: Mapping[str, Any], seed: int | None) -> recorder.Episode:
         """One episode of ``record``; ``seed`` (None: unseeded) seeds each turn's request."""
@@ -174,7 +174,10 @@ class ToolLoop:
     async def _run_calls(
         self, parsed: parser_mod.ParsedTurn, tools: Mapping[str, tools_mod.Tool], record: Mapping[str, Any]
     ) -> list[tools_mod.CallResult]:
-        slots = asyncio.Semaphore(self.s.max_parallel_calls)  # per turn, as verl's max_parallel_calls
+        """Every call of the turn, at most maxParallelCalls at once (per turn, as verl's
+        max_parallel_calls); each outcome counted. A turn that started a call no call came out of is one
+        ``malformed`` result."""
+        slots = asyncio.Semaphore(self.s.max_parallel_calls)
 
         async def one(call: parser_mod.ParsedCall) -> tools_mod.CallResult:
             if call.error is not None:
@@ -183,35 +186,36 @@ class ToolLoop:
                 return await tools_mod.call(tools, call.name, call.arguments, record, self.s.tool_timeout_s)
 
         if parsed.malformed and not parsed.calls:
-            return [tools_mod.CallResult("", "malformed", "error: the tool call could not be parsed", 0.0)]
-        results = await asyncio.gather(*(one(call) for call in parsed.calls))
+            results = [tools_mod.CallResult("", "malformed", "error: the tool call could not be parsed", 0.0)]
+        else:
+            results = list(await asyncio.gather(*(one(call) for call in parsed.calls)))
         if self.m is not None:
             for r in results:
-                self.m.tool_calls_by(r.name if r.name in self.tools else "(unknown)", r.outcome).inc()
-                self.m.tool_seconds.observe(r.seconds)
-        return list(results)
+                label = (
+                    r.name
+                    if r.name in self.tools
+                    else "(unparsed)"
+                    if r.outcome == "malformed"
+                    else "(unknown)"
+                )
+                self.m.tool_calls_by(label, r.outcome).inc()
+                if r.outcome in RAN:
+                    self.m.tool_seconds.observe(r.seconds)
+        return results
 
     def _count(self, ep: recorder.Episode) -> None:
-        if self.m is None:
-            return
-        for r in ep.tool_calls:
-            if r.outcome == "malformed":
-                self.m.tool_calls_by("(unparsed)", "malformed").inc()
-        self.m.agent_turns.observe(ep.assistant_turns)
-        self.m.agent_episodes_by(ep.ended).inc()
+        if self.m is not None:
+            self.m.agent_turns.observe(ep.assistant_turns)
+            self.m.agent_episodes_by(ep.ended).inc()
 
 
 INVALID = ("malformed", "bad_arguments", "unknown_tool")
 """Call outcomes that count toward maxConsecutiveInvalidCalls (the model's fault, not the tool's)."""
+RAN = ("ok", "error", "timeout")
+"""Outcomes of calls that reached the tool (their latency is observed)."""
 
 
 def _call_ids(parsed: parser_mod.ParsedTurn) -> list[str]:
     if parsed.malformed and not parsed.calls:
         return ["call_malformed"]
     return [call.id for call in parsed.calls]
-
-
-def describe(ep: recorder.Episode) -> str:
-    """One line for logs."""
-    calls = ",".join(f"{r.name}:{r.outcome}" for r in ep.tool_calls)
-    return json.dumps({"turns": ep.assistant_turns, "ended": ep.ended, "calls": calls})

@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 RECORD_PARAM = "record"
-OUTCOMES = ("ok", "error", "timeout", "bad_arguments", "unknown_tool")
+OUTCOMES = ("ok", "error", "timeout", "bad_arguments", "unknown_tool", "malformed")
+"""Every call outcome; ``malformed`` comes from the loop (a call started that could not be parsed)."""
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="asyncrl-tool")
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
                                list: "array", tuple: "array", dict: "object"}  # fmt: skip
@@ -79,6 +80,22 @@ def load_tools(references: Sequence[str], field: str = "spec.agent.tools") -> di
             raise ToolLoadError(f"{field}[{i}]: a second tool named {tool.name!r}")
         tools[tool.name] = tool
     return tools
+
+
+def check_record_tools(records: Sequence[Mapping[str, Any]], tools: Mapping[str, Tool]) -> None:
+    """Every record's ``tools`` field (per-sample selection) is a list of names of configured tools."""
+    for i, record in enumerate(records):
+        names = record.get("tools")
+        if names is None:
+            continue
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ToolLoadError(f"spec.data.prompts: record {i}: field 'tools' must be a list of tool names")
+        unknown = [n for n in names if n not in tools]
+        if unknown:
+            raise ToolLoadError(
+                f"spec.data.prompts: record {i}: tools {unknown} are not in spec.agent.tools "
+                f"({', '.join(tools) or 'none'})"
+            )
 
 
 def load_tool(reference: str, field: str) -> Tool:

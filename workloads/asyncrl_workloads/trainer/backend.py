@@ -232,9 +232,8 @@ class FSDP2Backend(TrainerBackend):
                 totals[key] = totals.get(key, 0.0) + val / len(chunks)
         self.scheduler.step()
         if proximal:
-            self.logprob_gap = {  # this rank's samples: mean |trainer - engine| logprob per sample
-                tid: float((lp - torch.tensor(by_id[tid].behaviour_logprobs)).abs().mean())
-                for tid, lp in proximal.items()
+            self.logprob_gap = {  # this rank's samples: mean |trainer - engine| over generated tokens
+                tid: _masked_gap(lp, by_id[tid]) for tid, lp in proximal.items()
             }
         totals["reward_mean"] = float(rewards.mean())
         totals["samples"] = float(len(batch))
@@ -289,3 +288,11 @@ class MegatronBackend(TrainerBackend):
 
 
 BACKENDS: dict[str, type[TrainerBackend]] = {"fsdp2": FSDP2Backend, "megatron": MegatronBackend}
+
+
+def _masked_gap(logprobs: torch.Tensor, traj: trajectory_mod.Trajectory) -> float:
+    """Mean |log pi_trainer - log pi_engine| over the tokens the engine generated (mask 1): tool output
+    and template tokens of agent episodes carry no engine logprob."""
+    mask = torch.tensor(traj.mask, dtype=torch.bool)  # (R,)
+    gap = (logprobs - torch.tensor(traj.behaviour_logprobs)).abs()  # (R,)
+    return float(gap[mask].mean())

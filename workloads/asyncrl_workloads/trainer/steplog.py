@@ -133,6 +133,7 @@ class StepLog:
             **step_metrics,
             "staleness": [t.staleness for t in taken],
             "ids": [t.trajectory.id for t in taken],
+            "rewards": [t.trajectory.reward for t in taken],
             "counters": self.counters(),
             "sync": sync_report,
         }

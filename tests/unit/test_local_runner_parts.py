@@ -14,6 +14,7 @@ import yaml
 from asyncrl_api import config, models
 from asyncrl_operator import render
 from asyncrl_testing import jobs
+from asyncrl_workloads import metrics
 from asyncrl_workloads.local import pods, progress, runner
 
 CONFIG_PATH = pathlib.Path("/runs/x/job.json")
@@ -219,6 +220,65 @@ def test_rollout_reward_is_unknown_when_the_histogram_has_no_sum():
     tracker = progress.Tracker(max_steps=None, clock=iter([0.0, 1.0]).__next__)
     entry = tracker.record({"a": _exposition(2, 0, 9, [0.5, 1.0], 0, 0, buckets=(-1.0, 0.0, 1.0))}, [])
     assert entry["rolloutReward"] is None and entry["produced"] == 2
+
+
+def _rollout_exposition(replica, calls=(), episodes=()):
+    """A rollout's /metrics text from the workloads' own registry: `calls` are (tool, outcome, count),
+    `episodes` (ended, count), counted as the agent loop counts them (metrics.Bound)."""
+    identity = metrics.Identity("test-progress", "agent", "rollout", replica)
+    bound = metrics.bind(identity)
+    for tool, outcome, count in calls:
+        bound.tool_calls_by(tool, outcome).inc(count)
+    for ended, count in episodes:
+        bound.agent_episodes_by(ended).inc(count)
+    try:
+        text = prometheus_client.generate_latest(metrics.REGISTRY).decode()
+    finally:  # the registry is process-wide: leave no child of this identity behind
+        values = dataclasses.astuple(identity)
+        for metric in vars(metrics).values():
+            if isinstance(metric, prometheus_client.metrics.MetricWrapperBase):
+                for labels in [k for k in metric._metrics if k[: len(values)] == values]:
+                    metric.remove(*labels)
+    # other tests' children of the same registry are not this process's
+    return "".join(
+        row for row in text.splitlines(keepends=True) if row.startswith("#") or 'job="agent"' in row
+    )
+
+
+def test_tool_calls_per_episode_are_summed_over_rollouts_tools_and_outcomes():
+    tracker = progress.Tracker(max_steps=None, clock=iter([0.0, 2.0, 4.0, 6.0, 8.0]).__next__)
+    none_yet = tracker.record({"r0": _rollout_exposition("0"), "r1": _rollout_exposition("1")}, [])
+    assert "agentEpisodes" not in none_yet and "calls/ep" not in progress.line(none_yet)
+    r1 = _rollout_exposition("1", [("(unparsed)", "malformed", 2)], [("max_turns", 1), ("length", 1)])
+    r0 = _rollout_exposition("0", [("lookup", "ok", 3), ("(unknown)", "unknown_tool", 1)], [("stop", 2)])
+    first = tracker.record({"r0": r0, "r1": r1}, [])
+    assert (first["toolCalls"], first["agentEpisodes"], first["toolCallsPerEpisode"]) == (6, 4, 1.5)
+    assert "1.50 tool calls/ep" in progress.line(first)
+    # one more episode with one more call on r0; the 10 s window still reaches back to the first poll
+    r0 = _rollout_exposition("0", [("lookup", "ok", 4), ("(unknown)", "unknown_tool", 1)], [("stop", 3)])
+    second = tracker.record({"r0": r0, "r1": r1}, [])
+    assert (second["toolCalls"], second["agentEpisodes"], second["toolCallsPerEpisode"]) == (7, 5, 1.4)
+    gone = tracker.record({"r0": None, "r1": None}, [])  # the rollouts exited: their counts are carried
+    assert (gone["toolCalls"], gone["agentEpisodes"], gone["toolCallsPerEpisode"]) == (7, 5, 1.4)
+
+
+def test_no_episode_in_the_window_is_unknown_not_zero():
+    tracker = progress.Tracker(max_steps=None, clock=itertools.count(0.0, 2.0).__next__, window_s=10.0)
+    text = _rollout_exposition("0", [("lookup", "ok", 2)], [("stop", 1)])
+    assert tracker.record({"r0": text}, [])["toolCallsPerEpisode"] == 2.0
+    for _ in range(6):  # polls every 2 s with nothing new, until the window no longer holds the episode
+        later = tracker.record({"r0": text}, [])
+    assert later["toolCallsPerEpisode"] is None and later["agentEpisodes"] == 1
+    assert "- tool calls/ep" in progress.line(later)
+
+
+def test_a_job_without_an_agent_loop_shows_nothing_of_it():
+    """Its rollouts export the agent histograms (bound at start) but no call or episode series."""
+    text = _rollout_exposition("0")
+    assert "asyncrl_agent_turns_count{" in text and "asyncrl_tool_calls_total{" not in text
+    entry = progress.Tracker(max_steps=None, clock=iter([0.0, 1.0]).__next__).record({"r0": text}, [])
+    assert not {"toolCallsPerEpisode", "toolCalls", "agentEpisodes"} & set(entry)
+    assert "calls/ep" not in progress.line(entry)
 
 
 def test_step_log_returns_only_complete_new_lines(tmp_path):

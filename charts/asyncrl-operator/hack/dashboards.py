@@ -7,8 +7,9 @@ checks every query against the metric names of design.md §5.
 Conventions every query follows (the e2e test substitutes the same variables):
   $namespace / $job  the AsyncRLJob (workload series carry `namespace` and `job`; monitors set honorLabels)
   $__rate_interval   Grafana's rate window (>= 4 scrape intervals)
-Only metrics the project exports are used; agent-loop metrics (tool calls, turns) are left out because a
-job without an agent loop never produces them and an empty panel reads as a broken one.
+Only metrics the project exports are used. The "Agent loop" row of the job dashboard is empty for a job
+without `spec.agent` (its rollouts create the tool-call and episode series on the first call/episode);
+it comes last and each of its panels says so, so an empty panel there does not read as a broken one.
 """
 
 from __future__ import annotations
@@ -107,10 +108,65 @@ def dashboard(
     }
 
 
-def quantiles(metric: str, sel: str, by: str = "") -> list[tuple[str, str]]:
+def quantiles(
+    metric: str, sel: str, by: str = "", qs: tuple[float, ...] = (0.5, 0.9, 0.99)
+) -> list[tuple[str, str]]:
     group = f"sum by ({by + ', ' if by else ''}le) (rate({metric}_bucket{{{sel}}}[{RI}]))"
     prefix = "{{" + by + "}} " if by else ""
-    return [(f"histogram_quantile({q}, {group})", f"{prefix}p{int(q * 100)}") for q in (0.5, 0.9, 0.99)]
+    return [(f"histogram_quantile({q}, {group})", f"{prefix}p{int(q * 100)}") for q in qs]
+
+
+AGENT_ONLY = "Empty for a job without spec.agent."
+
+
+def agent_row() -> list[dict[str, Any]]:
+    """The agent loop (episode/loop.py): what the tools did, how episodes ended, how long they ran."""
+    calls = f"sum(rate(asyncrl_tool_calls_total{{{JOB}}}[{RI}]))"
+    episodes = f"sum(rate(asyncrl_agent_episodes_total{{{JOB}}}[{RI}]))"
+    turns = "asyncrl_agent_turns"
+    return [
+        row("Agent loop"),
+        panel(
+            "Tool calls / s by outcome",
+            "timeseries",
+            [(f"sum by (outcome) (rate(asyncrl_tool_calls_total{{{JOB}}}[{RI}]))", "{{outcome}}")],
+            unit="ops",
+            description="ok; error: the tool raised; timeout: over toolTimeoutSeconds; bad_arguments: "
+            "arguments not JSON or not matching the tool's schema; unknown_tool: a name no configured tool "
+            "has; malformed: a tool call the parser could not read. " + AGENT_ONLY,
+        ),
+        panel(
+            "Tool calls per episode",
+            "timeseries",
+            [(f"{calls} / {episodes}", "calls/episode")],
+            description="Tool calls (any outcome) per finished episode over the window. " + AGENT_ONLY,
+        ),
+        panel(
+            "Episodes / s by end",
+            "timeseries",
+            [(f"sum by (ended) (rate(asyncrl_agent_episodes_total{{{JOB}}}[{RI}]))", "{{ended}}")],
+            unit="ops",
+            description="Why episodes ended: stop (an answer without a tool call), max_turns "
+            "(maxAssistantTurns / maxUserTurns), length (the context or a cut turn), budget "
+            "(maxEpisodeTokens), invalid_calls (maxConsecutiveInvalidCalls), empty (no token generated). "
+            + AGENT_ONLY,
+        ),
+        panel(
+            "Assistant turns per episode",
+            "timeseries",
+            [(f"sum(rate({turns}_sum{{{JOB}}}[{RI}])) / sum(rate({turns}_count{{{JOB}}}[{RI}]))", "mean")],
+            description="Mean assistant turns (engine requests) per finished episode; a quantile would be "
+            "interpolated inside the integer buckets. " + AGENT_ONLY,
+        ),
+        panel(
+            "Tool call latency",
+            "timeseries",
+            quantiles("asyncrl_tool_seconds", JOB, qs=(0.5, 0.95)),
+            unit="s",
+            description="Seconds per call that reached its tool (outcome ok, error or timeout), as the "
+            "loop waited for it. " + AGENT_ONLY,
+        ),
+    ]
 
 
 def job_dashboard() -> dict[str, Any]:
@@ -270,6 +326,7 @@ def job_dashboard() -> dict[str, Any]:
             ],
             description="Mean prompt groups generating per rollout (at most rollout.maxInflightPrompts).",
         ),
+        *agent_row(),
     ]
     for p in panels:
         if p.pop("targets_format", None):

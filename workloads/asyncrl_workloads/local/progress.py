@@ -3,7 +3,9 @@ turn both into one record per poll (the run dir's metrics.jsonl) and one termina
 
 Called by `runner` every poll interval; `plot` reads the records back. Sources:
 - each process's Prometheus endpoint (design.md §5 names): produced/consumed/dropped counters, tokens
-  generated, the reward histogram (rollouts), queue depth, trainer step and param versions;
+  generated, the reward histogram (rollouts), queue depth, trainer step and param versions, and for a
+  job with an agent loop its tool calls and finished episodes (series a rollout creates only once it
+  counted one, so a job without `spec.agent` shows nothing of them);
 - the trainer's step log (ASYNCRL_STEP_LOG, one JSON object per optimizer step, written by
   trainer/loop.py): the batch's mean reward and every consumed sample's staleness.
 Rates are counter increases over a sliding window (10 s) divided by its length; counters of a
@@ -32,6 +34,8 @@ SUMMED = (
     "asyncrl_reward_count",
     "asyncrl_sample_staleness_sum",
     "asyncrl_sample_staleness_count",
+    "asyncrl_tool_calls_total",  # summed over tool and outcome
+    "asyncrl_agent_episodes_total",  # summed over how they ended
 )
 
 
@@ -170,6 +174,18 @@ class Tracker:
             if window_count and "asyncrl_reward_sum" in totals
             else None
         )
+        # The agent loop's fields appear with its first finished episode (a job without one never has
+        # episode series); calls per episode is over the window: None when no episode finished in it.
+        agent: dict[str, Any] = {}
+        if "asyncrl_agent_episodes_total" in totals:
+            episodes = rate("asyncrl_agent_episodes_total")
+            agent = {
+                "toolCallsPerEpisode": round(rate("asyncrl_tool_calls_total") / episodes, 4)
+                if episodes
+                else None,
+                "toolCalls": int(totals.get("asyncrl_tool_calls_total", 0.0)),
+                "agentEpisodes": int(totals["asyncrl_agent_episodes_total"]),
+            }
         return {
             "time": now,
             "elapsed": round(now - self.started, 3),
@@ -188,6 +204,7 @@ class Tracker:
             "produced": int(totals.get("asyncrl_trajectories_produced_total", 0.0)),
             "consumed": int(totals.get("asyncrl_trajectories_consumed_total", 0.0)),
             "dropped": int(totals.get("asyncrl_trajectories_dropped_total", 0.0)),
+            **agent,
             "stepsThisPoll": len(steps),
             "processesUp": sum(1 for text in texts.values() if text),
             "processes": len(texts),
@@ -199,14 +216,16 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def line(entry: Mapping[str, Any]) -> str:
-    """One human line: step, version, reward, staleness, queue depth, throughput, processes up."""
+    """One human line: step, version, reward, staleness, queue depth, throughput, tool calls per episode
+    (a job with an agent loop only), processes up."""
     steps = f"{entry['step']}/{entry['maxSteps']}" if entry.get("maxSteps") else str(entry["step"])
+    agent = f"  {_fmt(entry['toolCallsPerEpisode'], '.2f')} tool calls/ep" if "agentEpisodes" in entry else ""
     return (
         f"[{entry['elapsed']:7.1f}s] step {steps}  v{_fmt(entry.get('paramVersion'), 'd')}"
         f"  reward {_fmt(entry.get('reward'), '.3f')}"
         f"  staleness {_fmt(entry.get('stalenessMean'), '.2f')}"
         f" (max {_fmt(entry.get('stalenessMax'), '.0f')})"
         f"  queue {_fmt(entry.get('queueDepth'), 'd')}"
-        f"  {entry['samplesPerSecond']:.1f} samples/s {entry['tokensPerSecond']:.0f} tok/s"
+        f"  {entry['samplesPerSecond']:.1f} samples/s {entry['tokensPerSecond']:.0f} tok/s{agent}"
         f"  up {entry['processesUp']}/{entry['processes']}"
     )

@@ -45,6 +45,8 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         "--json",
     ),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
+    # P5: 7 alternating rounds of 64 episodes (~4 turns of ~25 tokens) and their single-turn twins (~3 min)
+    "agent": ([f"{TOOLS}/bench_agent.py", "--rounds", "7"], "--json"),
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs
     # (~55 min): 12 left the interval of the median at 0.83-1.08 (samples), ±15% per 30 s window
@@ -244,6 +246,22 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
                f"{res['pairs']} on/off pairs of {res['window_s']} s, median {syncs} syncs/s in on "
                f"windows{clean}")  # fmt: skip
         return [["P1 paired", what, got, "≥ 0.95", verdict]]
+    if name == "agent":
+        what = "agent loop ÷ single-turn, generated tokens/s, same tokens on the same engine and core"
+        if not res:
+            return [["P5", what, "", "≥ 0.85", ""]]
+        rs, st = res["rounds"], res["settings"]
+        interval, verdict = _verdict_ci([r["p5"] for r in rs], 0.85)
+        turns = statistics.median(r["turns_mean"] for r in rs)
+        per_turn = statistics.median(r["tokens_per_turn"] for r in rs)
+        each = ", ".join(str(r["p5"]) for r in rs)
+        got = (f"**{res['p5']}** = median of {len(rs)} rounds ({each}; {interval}); "
+               f"{st['episodes']} episodes at once, {turns} turns of {per_turn} tokens")  # fmt: skip
+        split = (f"split ÷ single **{res['split_over_single']}** (vLLM: a request per turn); agent ÷ "
+                 f"split **{res['agent_over_split']}** (the loop: template, parser, masks)")  # fmt: skip
+        return [["P5", what, got, "≥ 0.85", verdict],
+                ["P5 parts", "where the gap is: the same turns as plain back-to-back requests", split,
+                 "— (diagnostic)", "—"]]  # fmt: skip
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:

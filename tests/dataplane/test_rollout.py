@@ -184,6 +184,20 @@ def test_rollout_publishes_scored_groups_with_versions_and_stops_at_its_bound(
         ({"reward": {"type": "function", "function": "no_such_pkg.mod:fn"}}, "spec.reward.function"),
         ({"data": {"prompts": "builtin:no_such_task"}}, "spec.data.prompts"),
         ({"model": {"path": "/nonexistent/model", "dtype": "float32"}}, "spec.model.path"),
+        (
+            {
+                "data": {"prompts": "builtin:lookup", "format": "chat"},
+                "agent": {"tools": ["asyncrl_workloads.tasks.lookup:no_such_tool"]},
+            },
+            "spec.agent.tools[0]",
+        ),
+        (
+            {
+                "data": {"prompts": "builtin:lookup", "format": "chat"},
+                "agent": {"tools": ["asyncrl_workloads.tasks.lookup:called"]},
+            },  # `episode` has no annotation
+            "spec.agent.tools[0]",
+        ),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, tiny_model, override, field) -> None:

@@ -42,6 +42,7 @@ sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("
 
 from asyncrl_workloads import tinymodel  # noqa: E402
 from asyncrl_workloads.local import process  # noqa: E402
+from asyncrl_workloads.rollout import main as rollout_main  # noqa: E402
 
 
 async def done() -> str:
@@ -75,8 +76,10 @@ async def bench(args: argparse.Namespace, model_dir: pathlib.Path) -> dict[str, 
     from vllm.sampling_params import RequestOutputKind
 
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    extra = tuple((k, json.loads(v)) for k, v in (a.split("=", 1) for a in args.engine_arg))
+    extra += (("block_size", args.block_size),) if args.block_size else ()
     engine = await engine_mod.RolloutEngine.start(
-        engine_mod.EngineSettings(model=str(model_dir), max_model_len=512)
+        engine_mod.EngineSettings(model=str(model_dir), max_model_len=512, extra=extra)
     )
     schema, takes_record = tools.function_schema(done)
     toolset = {"done": tools.Tool("done", done, schema, takes_record)}
@@ -167,7 +170,8 @@ async def bench(args: argparse.Namespace, model_dir: pathlib.Path) -> dict[str, 
         "split_over_single": round(statistics.median(r["split_over_single"] for r in rounds), 3),
         "agent_over_split": round(statistics.median(r["agent_over_split"] for r in rounds), 3),
         "settings": {"episodes": args.episodes, "turns": args.turns, "turn_tokens": args.turn_tokens,
-                     "stop_tokens": args.stop_tokens, "block_size": args.block_size or "vLLM default"},
+                     "stop_tokens": args.stop_tokens, "block_size": args.block_size or "vLLM default",
+                     "engine_args": args.engine_arg},
     }  # fmt: skip
 
 
@@ -184,7 +188,16 @@ def main() -> int:
         help="tokens that end a turn (of the ~100): sets the mean turn length",
     )
     parser.add_argument(
-        "--block-size", type=int, default=0, help="KV block size (rollout.engine.args.block_size; 0: vLLM's)"
+        "--block-size",
+        type=int,
+        default=rollout_main.AGENT_CPU_BLOCK_SIZE,
+        help="KV block size (default: what an agent job's CPU rollout uses; 0: vLLM's own default)",
+    )
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="key=JSON value passed to vLLM (rollout.engine.args)",
     )
     parser.add_argument("--json", type=pathlib.Path, help="write the result here")
     args = parser.parse_args()

@@ -92,14 +92,8 @@ class ToolLoop:
         tools: Mapping[str, tools_mod.Tool],
         metrics: metrics_mod.Bound | None = None,
     ) -> None:
-        self.s, self.engine, self.chat, self.parser, self.tools, self.m = (
-            settings,
-            engine,
-            chat,
-            parser,
-            tools,
-            metrics,
-        )
+        self.s, self.engine, self.chat, self.parser = settings, engine, chat, parser
+        self.tools, self.m = tools, metrics
 
     def tools_for(self, record: Mapping[str, Any]) -> dict[str, tools_mod.Tool]:
         """The record's ``tools`` subset (names, checked at start by ``tools.check_record_tools``), or

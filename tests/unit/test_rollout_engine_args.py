@@ -1,0 +1,48 @@
+"""The rollout's engine arguments (rollout/main.py ``engine_settings``): what a job's spec adds to vLLM's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asyncrl_api import config
+from asyncrl_testing import jobs
+from asyncrl_workloads.rollout import main as rollout_main
+
+AGENT = {"tools": ["asyncrl_workloads.tasks.lookup:lookup"]}
+
+
+def settings(**patch: Any) -> Any:
+    spec = jobs.deep_merge(jobs.BASE_SPEC, {"model": {"path": "/m"}, **patch})
+    endpoints = config.Endpoints(nats_url="nats://127.0.0.1:4222", trainer_host="t", weight_sync_port=29600)
+    return rollout_main.engine_settings(
+        config.JobConfig(name="j", namespace="ns", spec=spec, endpoints=endpoints)
+    )
+
+
+CPU = {"rollout": {"gpusPerReplica": 0}, "trainer": {"gpusPerReplica": 0}, "weightSync": {"backend": "gloo"}}
+
+
+@pytest.mark.parametrize(
+    ("patch", "block_size"),
+    [
+        ({**CPU, "agent": AGENT, "data": {"format": "chat"}}, rollout_main.AGENT_CPU_BLOCK_SIZE),
+        ({**CPU}, None),  # single-turn: vLLM's default
+        ({"agent": AGENT, "data": {"format": "chat"}}, None),  # GPU: vLLM's default
+        (
+            jobs.deep_merge(
+                CPU,
+                {
+                    "rollout": {"engine": {"args": {"block_size": 64}}},
+                    "agent": AGENT,
+                    "data": {"format": "chat"},
+                },
+            ),
+            64,
+        ),  # the job's own wins
+    ],
+)
+def test_an_agent_jobs_cpu_engine_gets_small_kv_blocks_unless_the_job_sets_them(
+    patch: dict[str, Any], block_size: int | None
+) -> None:
+    assert dict(settings(**patch).extra).get("block_size") == block_size

@@ -45,8 +45,9 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         "--json",
     ),
     "operator": ([f"{TOOLS}/bench_operator.py", "--jobs", "200", "--rate", "10"], "--json"),
-    # P5: 7 alternating rounds of 64 episodes (~4 turns of ~25 tokens) and their single-turn twins (~3 min)
-    "agent": ([f"{TOOLS}/bench_agent.py", "--rounds", "7"], "--json"),
+    # P5: 9 rounds of 64 episodes (~4 turns of ~26 tokens) and their single-turn and split twins (~2.5 min);
+    # per-round ratios spread 0.6-0.9 on this host
+    "agent": ([f"{TOOLS}/bench_agent.py", "--rounds", "9"], "--json"),
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs
     # (~55 min): 12 left the interval of the median at 0.83-1.08 (samples), ±15% per 30 s window

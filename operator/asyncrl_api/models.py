@@ -102,6 +102,13 @@ _SPEC_RULES = (
         ),
     ),
     base.Rule(
+        cel="!has(self.model.create) || self.model.create.chat || self.data.format == 'raw'",
+        message="model.create makes a base model without a chat template unless model.create.chat is true:"
+        " set data.format raw, or model.create.chat true",
+        field_path=".data.format",
+        check=lambda s: s.model.create is None or s.model.create.chat or s.data.format == "raw",
+    ),
+    base.Rule(
         cel="!has(self.agent) || self.data.format == 'chat'",
         message="spec.agent needs data.format chat (tool schemas and messages go through the chat template)",
         field_path=".data.format",

@@ -191,10 +191,13 @@ def test_tool_output_is_masked_and_generated_tokens_carry_the_engines_logprobs(
         assert [r.outcome for r in ep.tool_calls] == ["ok", "ok"]
         assert [m for m, _ in runs(ep.mask)] == [1, 0, 1, 0, 1]
         start = 0
+        end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
         for value, length in runs(ep.mask):  # every mask-0 run is exactly the template's tool turn
             if value == 0:
                 text = tokenizer.decode(ep.response_ids[start : start + length], skip_special_tokens=False)
-                assert text in ("\n" + tool_turn, "<|im_end|>\n" + tool_turn)
+                # the turn's end token is not repeated when the model generated it, added when it did not
+                ended_itself = ep.response_ids[start - 1] == end_of_turn
+                assert text == ("\n" if ended_itself else "<|im_end|>\n") + tool_turn
             start += length
         assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.mask, strict=True) if m == 0)
         assert set(ep.versions) == {0}
@@ -272,6 +275,23 @@ def test_failing_tools_are_answered_counted_and_the_episode_goes_on(
         assert sample("asyncrl_tool_calls_total", tool=tool, outcome=outcome) == 1.0
     assert sample("asyncrl_agent_episodes_total", ended="max_turns") == 1.0
     assert sample("asyncrl_agent_turns_count") == 1.0 and sample("asyncrl_agent_turns_sum") == 2.0
+
+
+def test_a_records_tools_field_offers_that_sample_only_those_tools(
+    host: Any, engine: Any, tokenizer: Any
+) -> None:
+    loop = make_loop(
+        engine, tokenizer, scripted(("again", "{}")), toolset(echo, again), max_assistant_turns=2
+    )
+    both, only_echo = host.run(
+        gather(loop.run({"prompt": "x"}, 0), loop.run({"prompt": "x", "tools": ["echo"]}, 0))
+    )
+    assert "tools: echo, again<|im_end|>" in tokenizer.decode(both.prompt_ids, skip_special_tokens=False)
+    assert "tools: echo<|im_end|>" in tokenizer.decode(only_echo.prompt_ids, skip_special_tokens=False)
+    assert [r.outcome for r in both.tool_calls] == ["ok"]
+    assert [(r.outcome, r.text) for r in only_echo.tool_calls] == [
+        ("unknown_tool", "error: unknown tool 'again' (available: echo)")
+    ]
 
 
 def test_turns_with_only_invalid_calls_end_the_episode(host: Any, engine: Any, tokenizer: Any) -> None:

@@ -207,6 +207,38 @@ def test_bad_config_exits_2_with_one_line(tmp_path, tiny_model, override, field)
     assert len(lines) == 1 and lines[0].startswith("asyncrl-rollout: ") and field in lines[0], err
 
 
+AGENT = {"data": {"prompts": "builtin:lookup", "format": "chat"},
+         "agent": {"tools": ["asyncrl_workloads.tasks.lookup:lookup"]}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "override", "field"),
+    [
+        ("tiny_model", {"data": {"prompts": "builtin:say_char", "format": "chat"}}, "spec.data.format"),
+        (
+            "chat_model",
+            {**AGENT, "agent": {**AGENT["agent"], "toolParser": "no_such"}},
+            "spec.agent.toolParser",
+        ),
+        (
+            "chat_model",
+            {**AGENT, "agent": {**AGENT["agent"], "stopTokens": ["ab"]}},
+            "spec.agent.stopTokens[0]",
+        ),
+    ],
+)
+def test_a_job_its_model_cannot_run_exits_2_before_nats_and_the_engine(
+    tmp_path, request, model, override, field
+):
+    """Checked against the model's tokenizer (a chat template, the tool parser, stop tokens) after vLLM is
+    imported (its import logs a few lines first) and before NATS (unreachable here) or the engine."""
+    path = request.getfixturevalue(model)
+    code, err = Rollout(tmp_path, job_config(path, "nats://127.0.0.1:1", **override)).wait(120)
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("asyncrl-rollout: ") and field in last, err[-2000:]
+
+
 def test_unreachable_nats_exits_1_with_one_line(tmp_path, tiny_model) -> None:
     code, err = Rollout(tmp_path, job_config(tiny_model, f"nats://127.0.0.1:{free_port()}")).wait(120)
     assert code == 1

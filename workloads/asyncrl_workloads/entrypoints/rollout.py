@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rollout_main.run(cfg, replica, reward_fn, records, tools)
     except rollout_main.StartupError as exc:
-        return _fail(1, str(exc))
+        return _fail(exc.code, str(exc))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Prompt and between-turn tokens from the model's own chat template (``data.format``).
 
 Called by the rollout (``rollout/main.py`` builds the formatter once; the worker asks it for each
-group's prompt ids) and by the agent loop (``continuation_ids`` after every tool turn). Two formats:
+group's prompt ids) and by the agent loop (``between`` after every tool turn). Two formats:
 
 - ``RawFormat`` (``data.format: raw``, base models): the prompt string tokenized as it is.
 - ``ChatFormat`` (``data.format: chat``): ``tokenizer.apply_chat_template`` (transformers) on the record's
@@ -67,9 +67,12 @@ class ChatFormat:
     def _render(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], gen: bool
     ) -> str:
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) or None, add_generation_prompt=gen, tokenize=False
-        )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tools=list(tools) or None, add_generation_prompt=gen, tokenize=False
+            )
+        except Exception as exc:  # jinja's TemplateError, a template's raise_exception(...), bad messages
+            raise FormatError(f"spec.data.format: chat: the model's chat template failed: {exc}") from exc
         return str(text)
 
     def _probe(self) -> None:

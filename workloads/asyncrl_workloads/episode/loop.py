@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -32,6 +33,8 @@ from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import parser as parser_mod
 from asyncrl_workloads.episode import recorder
 from asyncrl_workloads.episode import tools as tools_mod
+
+log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -94,6 +97,7 @@ class ToolLoop:
     ) -> None:
         self.s, self.engine, self.chat, self.parser = settings, engine, chat, parser
         self.tools, self.m = tools, metrics
+        self._logged: set[str] = set()
 
     def tools_for(self, record: Mapping[str, Any]) -> dict[str, tools_mod.Tool]:
         """The record's ``tools`` subset (names, checked at start by ``tools.check_record_tools``), or
@@ -104,12 +108,29 @@ class ToolLoop:
         return {name: self.tools[name] for name in names}
 
     async def run(self, record: Mapping[str, Any], seed: int | None) -> recorder.Episode:
-        """One episode of ``record``; ``seed`` (None: unseeded) seeds each turn's request."""
+        """One episode of ``record``; ``seed`` (None: unseeded) seeds each turn's request.
+
+        The engine's failures propagate (the replica restarts); a failure of the chat template or the
+        tool parser on this episode's text ends the episode ``error`` (counted, logged once per kind)
+        and the replica goes on: one odd record or turn must not crash-loop the pod."""
+        ep = recorder.Episode(prompt_ids=[], messages=[])
+        try:
+            await self._run(record, seed, ep)
+        except (chat_mod.FormatError, parser_mod.ParseError) as exc:
+            ep.ended = "error"
+            if type(exc).__name__ not in self._logged:
+                self._logged.add(type(exc).__name__)
+                log.warning("agent episode ended on an error (further ones are counted only): %s", exc)
+        ep.trim_context_tail()
+        self._count(ep)
+        return ep
+
+    async def _run(self, record: Mapping[str, Any], seed: int | None, ep: recorder.Episode) -> None:
         s = self.s
         tools = self.tools_for(record)
         schemas = [t.schema for t in tools.values()]
-        messages = self.chat.messages(record)
-        ep = recorder.Episode(prompt_ids=self.chat.prompt_ids(record, schemas), messages=messages)
+        ep.messages = self.chat.messages(record)
+        ep.prompt_ids = self.chat.prompt_ids(record, schemas)
         invalid_streak = 0
         while not ep.ended:
             room = s.max_model_len - len(ep.prompt_ids) - len(ep.response_ids)
@@ -126,7 +147,7 @@ class ToolLoop:
                 ep.ended = "empty"
                 break
             ep.add_generated(c.token_ids, c.logprobs, c.versions)
-            parsed = self.parser.parse(self.parser.decode(c.token_ids), schemas)
+            parsed = self.parser.parse(self.parser.decode(c.token_ids), schemas, turn=ep.assistant_turns)
             assistant: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.calls:
                 assistant["tool_calls"] = [call.openai() for call in parsed.calls]
@@ -142,7 +163,6 @@ class ToolLoop:
             if ep.ended:
                 break
             results = await self._run_calls(parsed, tools, record)
-            ep.tool_calls.extend(results)
             invalid_streak = invalid_streak + 1 if all(r.outcome in INVALID for r in results) else 0
             tool_messages = [
                 {"role": "tool", "tool_call_id": call_id, "name": r.name,
@@ -157,13 +177,11 @@ class ToolLoop:
                 ep.ended = "budget"
             else:
                 ep.add_context(ids)
+                ep.tool_calls.extend(results)  # only calls whose output reached the model
                 ep.messages.extend(tool_messages)
                 ep.user_turns += 1
                 if invalid_streak >= s.max_consecutive_invalid:
                     ep.ended = "invalid_calls"
-        ep.trim_context_tail()
-        self._count(ep)
-        return ep
 
     async def _run_calls(
         self, parsed: parser_mod.ParsedTurn, tools: Mapping[str, tools_mod.Tool], record: Mapping[str, Any]

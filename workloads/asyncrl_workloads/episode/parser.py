@@ -27,6 +27,10 @@ class ParserLoadError(ValueError):
     """spec.agent.toolParser names no usable parser."""
 
 
+class ParseError(RuntimeError):
+    """The tool parser itself raised on a turn's text (the loop ends that episode ``error``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ParsedCall:
     id: str
@@ -62,7 +66,7 @@ def parser_class(reference: str, field: str = "spec.agent.toolParser") -> type[A
         module_name, _, attr = reference.partition(":")
         try:
             cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # ImportError, AttributeError, or the module's own error at import
             raise ParserLoadError(f"{field}: cannot import {reference!r} ({exc})") from None
     else:
         try:
@@ -103,8 +107,13 @@ class ToolCallParser:
             )
         return self._requests[key]
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]]) -> ParsedTurn:
-        info = self._parser.extract_tool_calls(text, self._request(tools))
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]], turn: int = 0) -> ParsedTurn:
+        """Calls in ``text``; their ids are ``call_<turn>_<i>`` (vLLM's are random: a template that
+        renders ids would make the tokens between turns differ from run to run under one seed)."""
+        try:
+            info = self._parser.extract_tool_calls(text, self._request(tools))
+        except Exception as exc:
+            raise ParseError(f"spec.agent.toolParser: the parser raised on a turn: {exc!r}") from exc
         calls: list[ParsedCall] = []
         for i, call in enumerate(info.tool_calls if info.tools_called else []):
             raw = call.function.arguments
@@ -112,9 +121,7 @@ class ToolCallParser:
                 arguments, error = (json.loads(raw) if raw else {}), None
             except (TypeError, ValueError) as exc:
                 arguments, error = raw, f"arguments are not JSON ({exc})"
-            calls.append(
-                ParsedCall(getattr(call, "id", None) or f"call_{i}", call.function.name, arguments, error)
-            )
+            calls.append(ParsedCall(f"call_{turn}_{i}", call.function.name, arguments, error))
         malformed = not calls and self._start is not None and self._start in text
         content = info.content if info.content is not None else ""
         if malformed or not info.tools_called:

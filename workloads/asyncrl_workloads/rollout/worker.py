@@ -36,6 +36,7 @@ from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
 from asyncrl_workloads.episode import recorder
 from asyncrl_workloads.rewards import loader as reward_loader
@@ -349,7 +350,11 @@ class RolloutWorker:
                 for ep in episodes
             ]
         if self.prompt_ids is not None:
-            prompt_ids = self.prompt_ids(record, ())
+            try:
+                prompt_ids = self.prompt_ids(record, ())
+            except chat_mod.FormatError as exc:  # a record the template rejects: skip it, not the replica
+                log.warning("group %d: prompt not rendered, group skipped: %s", index, exc)
+                return []
         else:
             prompt_ids = self.encode(str(record[self.s.prompt_key]))
         params = self.engine.sampling(

@@ -1,4 +1,4 @@
-"""The rollout's plan watcher (rollout/worker.py ``PlanWatcher``) against a real TCPStore, hosted as
+"""The rollout's plan watcher (rollout/planwatch.py ``PlanWatcher``) against a real TCPStore, hosted as
 the trainer hosts it, through a real ``ReplicaLink``: what the control loop is woken for."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from asyncrl_testing import jobs, netfaults
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.local import process
 from asyncrl_workloads.rollout import main as rollout_main
-from asyncrl_workloads.rollout import worker
+from asyncrl_workloads.rollout import planwatch, worker
 from asyncrl_workloads.weightsync import base, rendezvous, replica
 
 
@@ -46,7 +46,7 @@ def store() -> dist.TCPStore:
 
 def test_wakes_for_the_connection_then_only_for_new_plans(store: dist.TCPStore) -> None:
     link = replica.ReplicaLink("127.0.0.1", store.port, replica=0)
-    watcher = worker.PlanWatcher(link, period_s=0.01)
+    watcher = planwatch.PlanWatcher(link, period_s=0.01)
 
     async def scenario() -> None:
         assert await asyncio.wait_for(watcher.next(0), 10) is None  # connected: epoch moved
@@ -66,7 +66,7 @@ def test_wakes_for_the_connection_then_only_for_new_plans(store: dist.TCPStore) 
 
 def test_a_plan_that_arrives_while_no_one_waits_is_kept(store: dist.TCPStore) -> None:
     link = replica.ReplicaLink("127.0.0.1", store.port, replica=0)
-    watcher = worker.PlanWatcher(link, period_s=0.01)
+    watcher = planwatch.PlanWatcher(link, period_s=0.01)
 
     async def scenario() -> None:
         await asyncio.wait_for(watcher.next(0), 10)
@@ -87,7 +87,7 @@ def test_a_plan_that_arrives_while_no_one_waits_is_kept(store: dist.TCPStore) ->
 def test_an_unreachable_trainer_is_handed_to_the_control_loop() -> None:
     port = process.free_port()  # nobody listens on it
     link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=0.5)
-    watcher = worker.PlanWatcher(link, period_s=0.01)
+    watcher = planwatch.PlanWatcher(link, period_s=0.01)
     try:
         with pytest.raises(replica.TrainerUnreachable, match=f"127.0.0.1:{port}") as raised:
             asyncio.run(asyncio.wait_for(watcher.next(0), 30))
@@ -99,17 +99,17 @@ def test_an_unreachable_trainer_is_handed_to_the_control_loop() -> None:
 def test_retries_back_off_unless_the_store_refuses() -> None:
     waits, last = [], None
     for _ in range(7):  # a frozen trainer: every try costs the timeout
-        last = worker.retry_after_s(last, refused=False)
+        last = planwatch.retry_after_s(last, refused=False)
         waits.append(last)
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 16.0, 16.0]
-    assert worker.retry_after_s(16.0, refused=True) == 1.0  # replaced: it refuses until it listens
-    assert worker.retry_after_s(None, refused=False) == 1.0  # the first failure after a success
-    assert worker.retry_after_s(4.0, refused=False, max_s=5.0) == 5.0  # below a short sync deadline
+    assert planwatch.retry_after_s(16.0, refused=True) == 1.0  # replaced: it refuses until it listens
+    assert planwatch.retry_after_s(None, refused=False) == 1.0  # the first failure after a success
+    assert planwatch.retry_after_s(4.0, refused=False, max_s=5.0) == 5.0  # below a short sync deadline
 
 
 def test_close_ends_the_thread(store: dist.TCPStore) -> None:
     link = replica.ReplicaLink("127.0.0.1", store.port, replica=0)
-    watcher = worker.PlanWatcher(link, period_s=0.01)
+    watcher = planwatch.PlanWatcher(link, period_s=0.01)
     asyncio.run(asyncio.wait_for(watcher.next(0), 10))
     watcher.close()
     watcher._thread.join(5)
@@ -122,7 +122,7 @@ def test_close_during_a_poll_ends_the_thread_once_the_poll_returns() -> None:
     """The control loop is cancelled (the rollout stops) while the watcher is inside a store connect
     that takes seconds to fail."""
     link = replica.ReplicaLink("127.0.0.1", netfaults.slamming_door(), replica=0, connect_timeout=1.0)
-    watcher = worker.PlanWatcher(link, period_s=0.01)
+    watcher = planwatch.PlanWatcher(link, period_s=0.01)
     with pytest.raises(TimeoutError):
         asyncio.run(asyncio.wait_for(watcher.next(0), 0.1))
     watcher.close()  # the connect still has a few seconds to fail
@@ -140,11 +140,11 @@ def test_a_trainer_that_is_gone_is_reported_at_once_not_after_c10ds_retries() ->
 EXIT_DURING_A_CONNECT = """
 import asyncio, atexit
 from asyncrl_testing import netfaults
-from asyncrl_workloads.rollout import worker
+from asyncrl_workloads.rollout import planwatch
 from asyncrl_workloads.weightsync import replica
 
 link = replica.ReplicaLink("127.0.0.1", netfaults.slamming_door(), 0, connect_timeout=3.0)
-watcher = worker.PlanWatcher(link, 0.01)
+watcher = planwatch.PlanWatcher(link, 0.01)
 # atexit runs after the interpreter has joined its non-daemon threads, before it finalises
 atexit.register(lambda: print("watcher alive at exit:", watcher._thread.is_alive()))
 
@@ -234,7 +234,7 @@ def test_calls_on_a_frozen_trainer_fail_and_the_link_reconnects_once_it_thaws(
         assert isinstance(got, replica.TrainerUnreachable) and not got.refused, got
         got = outcome_within(link.poll, BOUND)  # a new connection: the handshake is not answered
         assert isinstance(got, replica.TrainerUnreachable) and "did not answer" in str(got), got
-        assert not got.refused  # it cost the timeout: the control loop backs off (worker.retry_after_s)
+        assert not got.refused  # it cost the timeout: the control loop backs off (planwatch.retry_after_s)
     writer = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
     plan = announce(writer, 1, version=2)
     assert outcome_within(link.poll, BOUND) == plan  # connected again (the old stream is dropped)
@@ -248,7 +248,7 @@ def test_a_watcher_polling_a_frozen_trainer_ends_when_closed(
     for at exit, leaves its store call within the link's timeout instead of when the trainer thaws."""
     proc, port = trainer
     link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=FROZEN_AFTER)
-    watcher = worker.PlanWatcher(link, period_s=0.01)
+    watcher = planwatch.PlanWatcher(link, period_s=0.01)
     asyncio.run(asyncio.wait_for(watcher.next(0), 10))
     with netfaults.frozen(proc.pid):
         with pytest.raises(replica.TrainerUnreachable):  # the control loop is told, and retries

@@ -29,6 +29,7 @@ from asyncrl_workloads.episode import parser as parser_mod
 from asyncrl_workloads.episode import tools as tools_mod
 from asyncrl_workloads.rewards import loader
 from asyncrl_workloads.rollout import engine as engine_mod
+from asyncrl_workloads.rollout import planwatch
 from asyncrl_workloads.rollout import worker as worker_mod
 from asyncrl_workloads.weightsync import replica as replica_mod
 
@@ -106,9 +107,7 @@ def worker_settings(cfg: config_mod.JobConfig, replica: int) -> worker_mod.Worke
         * spec.async_.sync_every_steps,
         replicas=max(1, spec.rollout.replicas),
         prompt_key=spec.data.prompt_key,
-        retry_max_s=min(
-            worker_mod.RETRY_MAX_S, max(worker_mod.RETRY_S, spec.weight_sync.timeout_seconds / 2)
-        ),
+        retry_max_s=min(planwatch.RETRY_MAX_S, max(planwatch.RETRY_S, spec.weight_sync.timeout_seconds / 2)),
     )
 
 

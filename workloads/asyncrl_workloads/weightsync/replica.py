@@ -30,7 +30,7 @@ class TrainerUnreachable(ConnectionError):
     retried every second. Any other failure (a store that accepts and does not answer: a frozen
     trainer; a probe that times out: a partition; a connection dropped) may have cost the link's
     timeout and made c10d log C++ stack traces, so the control loop backs off
-    (``rollout.worker.retry_after_s``)."""
+    (``rollout.planwatch.retry_after_s``)."""
 
     def __init__(self, message: str, refused: bool = False) -> None:
         super().__init__(message)

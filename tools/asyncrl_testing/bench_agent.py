@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import pathlib
-import random
 import statistics
 import string
 import sys
@@ -38,11 +37,15 @@ import tempfile
 import time
 from typing import Any
 
-sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("workloads", "operator")]
+sys.path[:0] = [
+    str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("workloads", "operator", "tools")
+]
 
 from asyncrl_workloads import tinymodel  # noqa: E402
 from asyncrl_workloads.local import process  # noqa: E402
 from asyncrl_workloads.rollout import main as rollout_main  # noqa: E402
+
+from asyncrl_testing.bench_report import median_ci  # noqa: E402
 
 
 async def done() -> str:
@@ -60,12 +63,6 @@ def every_turn_calls_done() -> type[Any]:
             return ExtractedToolCallInformation(tools_called=True, tool_calls=[call], content=model_output)
 
     return EveryTurn
-
-
-def median_ci(values: list[float], draws: int = 20000) -> tuple[float, float]:
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws)]
 
 
 async def bench(args: argparse.Namespace, model_dir: pathlib.Path) -> dict[str, Any]:
@@ -166,7 +163,7 @@ async def bench(args: argparse.Namespace, model_dir: pathlib.Path) -> dict[str, 
     p5s = [r["p5"] for r in rounds]
     low, high = median_ci(p5s)
     return {
-        "p5": round(statistics.median(p5s), 3), "interval": [round(low, 3), round(high, 3)], "rounds": rounds,
+        "p5": round(statistics.median(p5s), 3), "interval": [low, high], "rounds": rounds,
         "split_over_single": round(statistics.median(r["split_over_single"] for r in rounds), 3),
         "agent_over_split": round(statistics.median(r["agent_over_split"] for r in rounds), 3),
         "settings": {"episodes": args.episodes, "turns": args.turns, "turn_tokens": args.turn_tokens,

@@ -165,12 +165,74 @@ class TeacherSpec(base.APIModel):
 TOOL_PARSER = r"^([A-Za-z0-9_-]+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 """A vLLM tool-parser name (hermes, ...) or a vLLM ToolParser subclass as "package.module:Class"."""
 
+class GatewaySpec(base.APIModel):
+    """The OpenAI-compatible agent gateway (`spec.agent.loop: gateway`): every rollout replica serves
+    `/v1/chat/completions`, `/v1/completions` and `/v1/models` on `port` for sessions opened with the
+    admin key; each session's calls become one trajectory per conversation leaf (or per call), rewarded
+    by the agent (`/rl/reward`) or by the job's reward function, published when the session's group has
+    ended. The operator renders a Service `<job>-gateway` for it."""
+
+    port: int = pydantic.Field(default=8100, ge=1024, le=65535)
+    """Port each rollout replica serves the gateway on (Service `<job>-gateway`, same port)."""
+    admin_key_secret: SecretKeyRef
+    """Secret key holding the admin key: it opens sessions (`POST /rl/groups`, `/rl/sessions`); each
+    session gets its own key for its completions."""
+    session_timeout_seconds: float = pydantic.Field(default=600.0, gt=0.0, le=86_400.0)
+    """A session with no request for this long expires: counted
+    (`asyncrl_gateway_sessions_total{state="expired"}`), never published."""
+    max_body_bytes: int = pydantic.Field(default=1_048_576, ge=1024, le=67_108_864)
+    """Largest request body accepted (413 above it)."""
+    export: Literal["concat", "individual"] = "concat"
+    """concat: one trajectory per conversation leaf (a call that extends an earlier one continues its
+    trajectory, context tokens masked); individual: one trajectory per call."""
+    turn_discount: float = pydantic.Field(default=1.0, gt=0.0, le=1.0)
+    """With export individual, a call's reward is its own plus this times its continuation's
+    (rewards flow back over turns, AReaL's turn discount); 1.0 gives every call of a chain the reward
+    set at its end."""
+
+
+_TOOL_LOOP_ONLY = (
+    ("maxUserTurns", "max_user_turns", 4),
+    ("maxParallelCalls", "max_parallel_calls", 1),
+    ("toolTimeoutSeconds", "tool_timeout_seconds", 30.0),
+    ("maxToolResponseChars", "max_tool_response_chars", 256),
+    ("maxConsecutiveInvalidCalls", "max_consecutive_invalid_calls", 3),
+)
+"""Agent fields that only the tool loop reads (in a gateway job the agent runs its own tools)."""
+
 _AGENT_RULES = (
     base.Rule(
-        cel="has(self.tools) && size(self.tools) > 0",
+        cel="self.loop != 'tool' || (has(self.tools) && size(self.tools) > 0)",
         message="agent.tools must name at least one tool",
         field_path=".tools",
-        check=lambda a: len(a.tools) > 0,
+        check=lambda a: a.loop != "tool" or len(a.tools) > 0,
+    ),
+    base.Rule(
+        cel="self.loop != 'gateway' || has(self.gateway)",
+        message="agent.loop gateway needs agent.gateway (port and adminKeySecret)",
+        field_path=".gateway",
+        check=lambda a: a.loop != "gateway" or a.gateway is not None,
+    ),
+    base.Rule(
+        cel="self.loop == 'gateway' || !has(self.gateway)",
+        message="agent.gateway is only used with agent.loop gateway",
+        field_path=".gateway",
+        check=lambda a: a.loop == "gateway" or a.gateway is None,
+    ),
+    base.Rule(
+        cel="self.loop != 'gateway' || !has(self.tools) || size(self.tools) == 0",
+        message="agent.tools is for loop tool; a gateway's agent runs its own tools",
+        field_path=".tools",
+        check=lambda a: a.loop != "gateway" or not a.tools,
+    ),
+    *(
+        base.Rule(
+            cel=f"self.loop != 'gateway' || self.{camel} == {default!r}",
+            message=f"agent.{camel} is for loop tool only; a gateway's agent runs its own tools",
+            field_path=f".{camel}",
+            check=lambda a, attr=attr, default=default: a.loop != "gateway" or getattr(a, attr) == default,
+        )
+        for camel, attr, default in _TOOL_LOOP_ONLY
     ),
 )
 
@@ -183,13 +245,18 @@ class AgentSpec(base.APIModel):
 
     model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_AGENT_RULES))
 
-    loop: Literal["tool"] = "tool"
-    """The loop. `tool` is the only one today; a job without spec.agent generates one turn."""
+    loop: Literal["tool", "gateway"] = "tool"
+    """tool: the rollout runs each sample as a multi-turn episode with `tools`; gateway: the rollout
+    serves an OpenAI-compatible API (`gateway`) and the user's own agent drives the episodes. A job
+    without spec.agent generates one turn per sample."""
+    gateway: GatewaySpec | None = None
+    """For loop gateway: the gateway's port, admin key and session settings."""
     max_user_turns: int = pydantic.Field(default=4, ge=1, le=256)
     """Maximum turns of tool responses per episode (verl counts them as user turns); the episode ends
     `max_turns` when the model calls once more after the last."""
     max_assistant_turns: int = pydantic.Field(default=4, ge=1, le=256)
-    """Maximum assistant (generated) turns per episode; ends `max_turns`."""
+    """Maximum assistant (generated) turns per episode; ends `max_turns`. Gateway: completions per
+    session (a further call gets 400)."""
     max_parallel_calls: int = pydantic.Field(default=1, ge=1, le=64)
     """Tool calls of one turn executed at once; a turn's further calls wait for a free slot."""
     tools: list[Annotated[str, pydantic.Field(pattern=IMPORT_PATH, max_length=512)]] = pydantic.Field(
@@ -201,12 +268,13 @@ class AgentSpec(base.APIModel):
     tool_parser: str = pydantic.Field(default="hermes", pattern=TOOL_PARSER, max_length=512)
     """How tool calls are read from generated text: a vLLM tool parser by name (`hermes`:
     `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) or a vLLM ToolParser subclass as
-    "package.module:Class"."""
+    "package.module:Class". Gateway: how a completion's text becomes the response's `tool_calls`."""
     stop_tokens: list[Annotated[str, pydantic.Field(min_length=1, max_length=64)]] = pydantic.Field(
         default_factory=list, max_length=16
     )
     """Extra tokens that end an assistant turn besides the model's end-of-turn token (e.g.
-    `</tool_call>`); each must be one token of the vocabulary (checked at rollout start)."""
+    `</tool_call>`); each must be one token of the vocabulary (checked at rollout start). Gateway: added
+    to every completion's stop tokens."""
     tool_timeout_seconds: float = pydantic.Field(default=30.0, gt=0.0, le=3600.0)
     """Per call; a call that takes longer returns a timeout error message to the model."""
     max_tool_response_chars: int = pydantic.Field(default=256, ge=16, le=1_000_000)
@@ -216,7 +284,8 @@ class AgentSpec(base.APIModel):
     the episode `invalid_calls`."""
     max_episode_tokens: int | None = pydantic.Field(default=None, ge=1, le=1_048_576)
     """Response tokens per episode (generated and tool output); ends `budget`. Unset: only the context
-    (rollout.engine.maxModelLen) bounds it, ending `length`."""
+    (rollout.engine.maxModelLen) bounds it, ending `length`. Gateway: response tokens per trajectory
+    (a call's max_tokens is cut to what is left; a call with nothing left gets 400)."""
 
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> AgentSpec:

@@ -165,6 +165,7 @@ class TeacherSpec(base.APIModel):
 TOOL_PARSER = r"^([A-Za-z0-9_-]+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 """A vLLM tool-parser name (hermes, ...) or a vLLM ToolParser subclass as "package.module:Class"."""
 
+
 class GatewaySpec(base.APIModel):
     """The OpenAI-compatible agent gateway (`spec.agent.loop: gateway`): every rollout replica serves
     `/v1/chat/completions`, `/v1/completions` and `/v1/models` on `port` for sessions opened with the

@@ -6,7 +6,8 @@ reward functions, judge/teacher clients, agent loop).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import functools
+from typing import Annotated, Any, Literal
 
 import pydantic
 
@@ -201,6 +202,12 @@ _TOOL_LOOP_ONLY = (
 )
 """Agent fields that only the tool loop reads (in a gateway job the agent runs its own tools)."""
 
+
+def _left_at_default(attr: str, default: object, agent: Any) -> bool:
+    """A tool-loop-only field holds its default unless the loop is the tool loop."""
+    return bool(agent.loop != "gateway" or getattr(agent, attr) == default)
+
+
 _AGENT_RULES = (
     base.Rule(
         cel="self.loop != 'tool' || (has(self.tools) && size(self.tools) > 0)",
@@ -231,7 +238,7 @@ _AGENT_RULES = (
             cel=f"self.loop != 'gateway' || self.{camel} == {default!r}",
             message=f"agent.{camel} is for loop tool only; a gateway's agent runs its own tools",
             field_path=f".{camel}",
-            check=lambda a, attr=attr, default=default: a.loop != "gateway" or getattr(a, attr) == default,
+            check=functools.partial(_left_at_default, attr, default),
         )
         for camel, attr, default in _TOOL_LOOP_ONLY
     ),

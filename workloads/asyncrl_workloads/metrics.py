@@ -91,6 +91,34 @@ TOOL_CALLS = _counter(
 TOOL_SECONDS = _histogram("asyncrl_tool_seconds", "Agent-loop tool call latency.", _SECONDS_BUCKETS)
 AGENT_TURNS = _histogram("asyncrl_agent_turns", "Assistant turns per agent trajectory.", _TURN_BUCKETS)
 AGENT_EPISODES = _counter("asyncrl_agent_episodes", "Agent-loop episodes, by why they ended.", ("ended",))
+GATEWAY_SESSIONS_ACTIVE = _gauge(
+    "asyncrl_gateway_sessions_active", "Gateway sessions open (not ended or expired)."
+)
+GATEWAY_SESSIONS = _counter(
+    "asyncrl_gateway_sessions",
+    "Gateway sessions by state: started, ended (by the agent), expired (no request for "
+    "sessionTimeoutSeconds, never published), aborted (open when the replica stopped, never published).",
+    ("state",),
+)
+GATEWAY_SESSION_STATES = ("started", "ended", "expired", "aborted")
+GATEWAY_REQUESTS = _counter(
+    "asyncrl_gateway_requests", "Gateway HTTP requests by route and status code.", ("route", "code")
+)
+GATEWAY_TTFT_SECONDS = _histogram(
+    "asyncrl_gateway_ttft_seconds", "Gateway completions: time to the first streamed token.", _SECONDS_BUCKETS
+)
+GATEWAY_REQUEST_SECONDS = _histogram(
+    "asyncrl_gateway_request_seconds", "Gateway completions: time to the whole response.", _SECONDS_BUCKETS
+)
+GATEWAY_TOKENS = _counter(
+    "asyncrl_gateway_tokens",
+    "Gateway completion tokens by kind (prompt: fed to the engine, completion: generated).",
+    ("kind",),
+)
+GATEWAY_UNREWARDED = _counter(
+    "asyncrl_gateway_unrewarded",
+    "Gateway trajectories not published: no reward was set and the session had no record to score.",
+)
 PREEMPTED = _counter("asyncrl_preempted", "In-flight requests interrupted by a weight update.")
 PUBLISH_BLOCKED_SECONDS = _counter(
     "asyncrl_bus_publish_blocked_seconds", "Time publishers backed off on a full queue (whenFull: block)."
@@ -142,6 +170,12 @@ class Bound:
         self.publish_blocked_seconds = PUBLISH_BLOCKED_SECONDS.labels(*values)
         self.publish_backoffs = PUBLISH_BACKOFFS.labels(*values)
         self.publish_retries = PUBLISH_RETRIES.labels(*values)
+        self.gateway_sessions_active = GATEWAY_SESSIONS_ACTIVE.labels(*values)
+        self.gateway_sessions = {st: GATEWAY_SESSIONS.labels(*values, st) for st in GATEWAY_SESSION_STATES}
+        self.gateway_ttft = GATEWAY_TTFT_SECONDS.labels(*values)
+        self.gateway_request_seconds = GATEWAY_REQUEST_SECONDS.labels(*values)
+        self.gateway_tokens = {k: GATEWAY_TOKENS.labels(*values, k) for k in ("prompt", "completion")}
+        self.gateway_unrewarded = GATEWAY_UNREWARDED.labels(*values)
 
     def tool_calls_by(self, tool: str, outcome: str) -> prometheus_client.Counter:
         """``asyncrl_tool_calls_total`` for one tool and outcome. Bounded: callers pass a configured
@@ -150,6 +184,10 @@ class Bound:
 
     def agent_episodes_by(self, ended: str) -> prometheus_client.Counter:
         return AGENT_EPISODES.labels(*self._values, ended)
+
+    def gateway_requests_by(self, route: str, code: int) -> prometheus_client.Counter:
+        """Bounded: ``route`` is one of the gateway's fixed route names, never a path."""
+        return GATEWAY_REQUESTS.labels(*self._values, route, str(code))
 
 
 def bind(identity: Identity) -> Bound:

@@ -88,7 +88,13 @@ class ChatFormat:
         return messages_of(record, self.prompt_key)
 
     def prompt_ids(self, record: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
-        return self.encode(self._render(self.messages(record), tools, True))
+        return self.messages_ids(self.messages(record), tools)
+
+    def messages_ids(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> list[int]:
+        """A conversation rendered with the generation prompt, as ids (the gateway's new roots)."""
+        return self.encode(self._render(messages, tools, True))
 
     def encode(self, text: str) -> list[int]:
         """Rendered template text -> ids (the template carries its own special tokens)."""

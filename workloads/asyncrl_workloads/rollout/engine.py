@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 from vllm import SamplingParams
@@ -142,17 +142,22 @@ class RolloutEngine:
         top_p: float,
         seed: int | None = None,
         stop_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        stream: bool = False,
     ) -> SamplingParams:
+        """``stop`` strings and ``stream`` (for ``stream``) need vLLM's incremental detokenizer; without
+        them text is decoded once per sample in ``generate``."""
         return SamplingParams(
             n=n,
             stop_token_ids=list(stop_token_ids) or None,
+            stop=list(stop) or None,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
             logprobs=0,
             seed=seed if self.seeded else None,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            detokenize=False,  # text is decoded once per sample in ``generate``
+            output_kind=RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY,
+            detokenize=stream or bool(stop),
         )
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[Completion]:
@@ -170,9 +175,33 @@ class RolloutEngine:
             raise RuntimeError(f"engine returned nothing for request {request_id}")
         tokenizer = self.llm.get_tokenizer()
         return [
-            _completion(c, version_at_submit, tokenizer.decode(c.token_ids, skip_special_tokens=True))
+            _completion(
+                c,
+                version_at_submit,
+                c.text if params.detokenize else tokenizer.decode(c.token_ids, skip_special_tokens=True),
+            )
             for c in sorted(final.outputs, key=lambda c: c.index)
         ]
+
+    async def stream(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[str | Completion]:
+        """One completion (``params`` from ``sampling(..., stream=True)``, n = 1): the text as it grows,
+        in pieces, then the whole ``Completion``. Same prompt salting as ``generate``."""
+        request_id = f"s{next(self._ids)}"
+        version_at_submit = self.version
+        prompt = {"prompt_token_ids": list(prompt_ids), "cache_salt": f"v{version_at_submit}"}
+        final, sent = None, 0
+        async for out in self.llm.generate(prompt, params, request_id=request_id):  # type: ignore[arg-type]
+            text = out.outputs[0].text
+            if len(text) > sent:
+                yield text[sent:]
+                sent = len(text)
+            final = out
+        if final is None:
+            raise RuntimeError(f"engine returned nothing for request {request_id}")
+        c = final.outputs[0]
+        yield _completion(c, version_at_submit, c.text)
 
     # ---- weights ---------------------------------------------------------------------------
     async def init_weight_sync(

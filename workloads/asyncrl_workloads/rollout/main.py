@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import signal
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
 from asyncrl_workloads.episode import parser as parser_mod
 from asyncrl_workloads.episode import tools as tools_mod
+from asyncrl_workloads.gateway import http as gateway_http
+from asyncrl_workloads.gateway import service as gateway_service
 from asyncrl_workloads.rewards import loader
 from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import planwatch
@@ -154,6 +157,61 @@ def agent_parts(cfg: config_mod.JobConfig, tokenizer: Any) -> tuple[parser_mod.T
     return parser, stop_ids
 
 
+def _is_gateway(cfg: config_mod.JobConfig) -> bool:
+    return cfg.spec.agent is not None and cfg.spec.agent.loop == "gateway"
+
+
+ADMIN_KEY_ENV = "ASYNCRL_GATEWAY_ADMIN_KEY"
+"""The admin key: the operator renders it from spec.agent.gateway.adminKeySecret; the local runner sets
+it."""
+URL_ENV = "ASYNCRL_GATEWAY_URL"
+"""This replica's base URL as agents reach it (the operator renders the pod's DNS name)."""
+PORT_ENV = "ASYNCRL_GATEWAY_PORT"
+"""Overrides spec.agent.gateway.port (the local runner: one port per replica on one host)."""
+
+
+def gateway_parts(cfg: config_mod.JobConfig) -> tuple[str, socket.socket]:
+    """The admin key and the bound gateway port, checked before NATS and the engine (StartupError:
+    code 2 for an empty key, 1 for a port that cannot be bound)."""
+    agent = cfg.spec.agent
+    assert agent is not None and agent.gateway is not None
+    key = os.environ.get(ADMIN_KEY_ENV, "").strip()
+    if not key:
+        raise StartupError(
+            f"spec.agent.gateway.adminKeySecret: the admin key is empty "
+            f"({ADMIN_KEY_ENV} is not set from the Secret)",
+            code=2,
+        )
+    port = int(os.environ.get(PORT_ENV, agent.gateway.port))
+    try:
+        return key, gateway_http.listen(port)
+    except OSError as exc:
+        raise StartupError(f"spec.agent.gateway.port: cannot listen on {port}: {exc}") from None
+
+
+def gateway_settings(
+    cfg: config_mod.JobConfig, max_model_len: int, stop_ids: list[int], port: int
+) -> gateway_service.GatewaySettings:
+    spec = cfg.spec
+    assert spec.agent is not None and spec.agent.gateway is not None
+    gw, sampling = spec.agent.gateway, spec.rollout.sampling
+    return gateway_service.GatewaySettings(
+        public_url=os.environ.get(URL_ENV, "").rstrip("/") or f"http://127.0.0.1:{port}",
+        model_name=cfg.name,
+        max_model_len=max_model_len,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        group_size=sampling.n,
+        session_timeout_s=gw.session_timeout_seconds,
+        export=gw.export,
+        turn_discount=gw.turn_discount,
+        max_calls=spec.agent.max_assistant_turns,
+        max_episode_tokens=spec.agent.max_episode_tokens,
+        stop_token_ids=tuple(stop_ids),
+    )
+
+
 async def _connect(url: str) -> Any:
     try:
         return await jetstream.connect(url)
@@ -181,6 +239,7 @@ async def _run(
     tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.path)
     formatter = prompt_format(cfg, tokenizer)
     parts = agent_parts(cfg, tokenizer) if spec.agent is not None else None
+    gateway_key, gateway_sock = gateway_parts(cfg) if _is_gateway(cfg) else (None, None)
     bound = metrics_mod.bind(metrics_mod.Identity(cfg.namespace, cfg.name, "rollout", str(replica)))
     metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
     nc = await _connect(cfg.endpoints.nats_url)
@@ -201,7 +260,7 @@ async def _run(
         except Exception as exc:
             raise StartupError(f"vLLM engine failed to start for {spec.model.path}: {exc}") from exc
         agent = None
-        if spec.agent is not None and parts is not None:
+        if spec.agent is not None and parts is not None and spec.agent.loop == "tool":
             assert isinstance(formatter, chat_mod.ChatFormat)  # spec rule: agent needs data.format chat
             parser, stop_ids = parts
             limits = loop_mod.settings_from_spec(
@@ -220,8 +279,25 @@ async def _run(
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        serve = None
+        if gateway_sock is not None and gateway_key is not None and parts is not None:
+            assert isinstance(formatter, chat_mod.ChatFormat)  # spec rule: agent needs data.format chat
+            gateway = gateway_service.Gateway(
+                gateway_settings(cfg, settings.max_model_len, parts[1], gateway_sock.getsockname()[1]),
+                engine, formatter, parts[0], worker, bound,
+            )  # fmt: skip
+            assert spec.agent is not None and spec.agent.gateway is not None
+            app = gateway_http.GatewayApp(gateway, gateway_key, spec.agent.gateway.max_body_bytes)
+            sock = gateway_sock
+
+            def serve(st: asyncio.Event) -> Any:
+                return gateway_http.serve(app, sock, st, worker.abort_generating)
+
+            log.info(
+                "gateway serving on %s (sessions: POST /rl/groups with the admin key)", gateway.s.public_url
+            )
         log.info("rollout replica %d generating (incarnation %s)", replica, link.incarnation)
-        await worker.run(stop)
+        await worker.run(stop, serve=serve)
     finally:
         if engine is not None:
             engine.shutdown()

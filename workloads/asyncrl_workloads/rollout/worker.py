@@ -64,6 +64,8 @@ class Sample:
     text: str
     """What the reward scores: the completion, or the episode's last assistant turn."""
     episode: recorder.Episode | None = None
+    reward: float | None = None
+    """Set by the agent through the gateway; None: the job's reward function scores the sample."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,9 +172,14 @@ class RolloutWorker:
         # Stopping (SIGTERM: scale-down, job end, node drain): abort what is in flight instead of
         # finishing it. A long generation could outlast the pod's grace period, and a group cut off
         # here was never published, so nothing is lost that a restart would have kept.
+        await self.abort_generating()
+
+    async def abort_generating(self) -> None:
+        """Cancel the groups still generating (or, from the gateway, waiting for their sessions) and
+        wait for those already publishing: a group goes out whole or not at all."""
         generating, inflight = len(self._generating), len(self._inflight)
         log.info("stopping: aborting %d generating groups of %d in flight", generating, inflight)
-        for task in list(self._generating):  # not those already publishing: a group goes out whole
+        for task in list(self._generating):
             task.cancel()  # AsyncLLM aborts the request when its generate() is cancelled
         await asyncio.gather(*self._inflight, return_exceptions=True)
 
@@ -188,13 +195,51 @@ class RolloutWorker:
             current = self._idle_total + (now - self._idle_since if self._idle_since else 0.0)
             self.m.rollout_idle.set(current / wall)
 
-    async def _group(self, index: int, record: Mapping[str, Any]) -> None:
+    def start_group(
+        self,
+        samples: Callable[[], Awaitable[list[Sample]]],
+        record: Mapping[str, Any] | None = None,
+        *,
+        from_data: bool = False,
+    ) -> tuple[int, Mapping[str, Any] | None] | None:
+        """Start a group whose samples come from elsewhere (the gateway's sessions) if a slot is free and
+        the staleness bound admits it, under the same rule as the worker's own groups. Returns its index
+        and record, or None (the caller answers 429). The record (``from_data``: the job's next one,
+        drawn only when admitted; None: the agent's own task) is what the reward function scores
+        samples without a reward against."""
+        now = time.monotonic()
+        if len(self._inflight) >= self.s.max_inflight_prompts or not self.admission.may_start():
+            if self._inflight or not self.admission.stalled(self.engine.version, now):
+                return None
+            log.info("no new version for %.0f s: admitting one more batch", self.s.stall_release_s)
+            if not self.admission.may_start():
+                return None
+        self.admission.started()
+        index = self.stats.groups_started
+        self.stats.groups_started += 1
+        if from_data:
+            record = self._next_record()
+        task = asyncio.create_task(self._group(index, record, samples))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return index, record
+
+    async def _group(
+        self,
+        index: int,
+        record: Mapping[str, Any] | None,
+        produce: Callable[[], Awaitable[list[Sample]]] | None = None,
+    ) -> None:
         try:
             task = asyncio.current_task()
             assert task is not None
             self._generating.add(task)
             try:
-                samples = await self._generate(index, record)
+                if produce is not None:
+                    samples = await produce()
+                else:
+                    assert record is not None
+                    samples = await self._generate(index, record)
             finally:
                 self._generating.discard(task)
             key = f"{self.incarnation}.{index}"
@@ -205,6 +250,12 @@ class RolloutWorker:
             kept: list[tuple[int, Sample, float]] = []
             for i, c in enumerate(samples):
                 if 1 not in c.mask:  # nothing generated (an empty completion or episode)
+                    continue
+                if c.reward is not None:
+                    kept.append((i, c, c.reward))
+                    continue
+                if record is None:  # a gateway session with neither a reward nor a record to score
+                    self.m.gateway_unrewarded.inc()
                     continue
                 try:
                     kept.append((i, c, reward_loader.score(self.reward_fn, record, c.text, c.episode)))
@@ -340,10 +391,13 @@ class RolloutWorker:
                         plan.version, self.engine.version, ", generation paused" if paused else "",
                     )  # fmt: skip
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Generate and follow the trainer until ``stop`` is set or the engine fails."""
+    async def run(
+        self, stop: asyncio.Event, serve: Callable[[asyncio.Event], Awaitable[None]] | None = None
+    ) -> None:
+        """Generate and follow the trainer until ``stop`` is set or the engine fails. ``serve`` (the
+        gateway) replaces the worker's own generation loop: groups then start through ``start_group``."""
         self.m.param_version.set(self.engine.version)
-        generation = asyncio.create_task(self._generation(stop))
+        generation = asyncio.create_task(serve(stop) if serve is not None else self._generation(stop))
         control = asyncio.create_task(self._control(stop)) if self.link is not None else None
         if control is not None:
             control.add_done_callback(self._control_ended)

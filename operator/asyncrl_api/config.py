@@ -3,7 +3,8 @@
 Written by ``asyncrl_operator.render`` into the ConfigMap ``<job>-config`` (key ``job.json``) and by
 the local runner (which rewrites ``endpoints`` to localhost addresses); read by the rollout and
 trainer entry points with ``JobConfig.model_validate_json`` (or ``load``). Pod identity (role,
-replica, ranks) comes from environment variables, never from this file.
+replica, ranks, a gateway pod's own URL) and secrets (the gateway's admin key) come from environment
+variables, never from this file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ MOUNT_PATH = f"{MOUNT_DIR}/{CONFIGMAP_KEY}"
 DEFAULT_NATS_PORT = 4222
 DEFAULT_TORCH_MASTER_PORT = 29500
 DEFAULT_METRICS_PORT = 9400
+
+GATEWAY_ADMIN_KEY_ENV = "ASYNCRL_GATEWAY_ADMIN_KEY"
+"""Env var of a gateway job's rollout pods: the admin key, from spec.agent.gateway.adminKeySecret through
+a secretKeyRef (a secret, so never in the config file)."""
+GATEWAY_URL_ENV = "ASYNCRL_GATEWAY_URL"
+"""Env var of a gateway job's rollout pods: the pod's own gateway URL (its DNS name through the rollout's
+headless Service), handed to agents for the sessions it opens (pod identity, so not in the config file)."""
 
 
 class Endpoints(base.APIModel):

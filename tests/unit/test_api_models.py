@@ -68,7 +68,7 @@ def test_trainer_world_size_counts_processes() -> None:
     assert cpu.trainer.world_size() == 2
 
 
-@pytest.mark.parametrize("example", ["job.yaml", "tiny-cpu.yaml"])
+@pytest.mark.parametrize("example", sorted(p.name for p in jobs.EXAMPLES.glob("*.yaml")))
 def test_every_example_validates(example: str) -> None:
     job = models.AsyncRLJob.model_validate(jobs.load_example(example))
     assert len(job.metadata.name) <= models.MAX_NAME_LENGTH

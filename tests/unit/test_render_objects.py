@@ -197,3 +197,77 @@ def test_render_is_pure_and_deterministic() -> None:
     before = job.model_dump()
     assert json.dumps(render.render(job)) == json.dumps(render.render(job))
     assert job.model_dump() == before
+
+
+GATEWAY = {
+    "data": {"format": "chat"},
+    "agent": {
+        "loop": "gateway",
+        "gateway": {"port": 8200, "adminKeySecret": {"name": "gw-admin", "key": "k"}},
+    },
+}
+
+
+def _named(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def test_gateway_rollout_gets_the_port_the_admin_key_from_its_secret_and_its_own_url() -> None:
+    rollout = _named(render.render(_job(**GATEWAY)))[("StatefulSet", "demo-rollout")]
+    container = _container(rollout)
+    assert {"name": "gateway", "containerPort": 8200, "protocol": "TCP"} in container["ports"]
+    env = [e["name"] for e in container["env"]]
+    # $(POD_NAME) and $(POD_NAMESPACE) expand only from variables defined earlier in the list
+    assert env.index("ASYNCRL_GATEWAY_URL") > max(env.index("POD_NAME"), env.index("POD_NAMESPACE"))
+    assert _env(container)["ASYNCRL_GATEWAY_ADMIN_KEY"] == {"secretKeyRef": {"name": "gw-admin", "key": "k"}}
+    assert (
+        _env(container)["ASYNCRL_GATEWAY_URL"] == "http://$(POD_NAME).demo-rollout.$(POD_NAMESPACE).svc:8200"
+    )
+    assert container["readinessProbe"]["httpGet"]["port"] == "metrics"
+
+
+def test_gateway_service_spreads_sessions_over_the_rollout_pods_and_the_headless_one_lists_the_port() -> None:
+    objects = _named(render.render(_job(**GATEWAY)))
+    service = objects[("Service", "demo-gateway")]
+    assert service["spec"] == {
+        "type": "ClusterIP",
+        "selector": {names.JOB: "demo", names.ROLE: "rollout"},
+        "ports": [{"name": "gateway", "port": 8200, "targetPort": 8200, "protocol": "TCP"}],
+    }
+    headless = objects[("Service", "demo-rollout")]["spec"]
+    assert {"name": "gateway", "port": 8200, "targetPort": 8200, "protocol": "TCP"} in headless["ports"]
+
+
+def test_gateway_policy_opens_only_the_gateway_port_of_rollout_pods_to_the_namespace() -> None:
+    objects = _named(render.render(_job(**GATEWAY)))
+    assert (
+        objects[("NetworkPolicy", "demo-net")] == _named(render.render(_job()))[("NetworkPolicy", "demo-net")]
+    )
+    assert objects[("NetworkPolicy", "demo-gateway")]["spec"] == {
+        "podSelector": {"matchLabels": {names.JOB: "demo", names.ROLE: "rollout"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 8200}]}],
+    }
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [{}, {"data": {"format": "chat"}, "agent": {"tools": ["asyncrl_workloads.tasks.lookup:lookup"]}}],
+    ids=["no-agent", "tool-loop"],
+)
+def test_only_a_gateway_job_renders_the_optional_children(patch: dict[str, Any]) -> None:
+    optional = set(render.optional("demo"))
+    assert optional <= set(render.kinds_and_names(render.render(_job(**GATEWAY))))
+    objects = render.render(_job(**patch))
+    assert not optional & set(render.kinds_and_names(objects))
+    assert "ASYNCRL_GATEWAY_URL" not in json.dumps(objects)
+    rollout = _named(objects)[("Service", "demo-rollout")]
+    assert [p["name"] for p in rollout["spec"]["ports"]] == ["metrics"]
+
+
+@pytest.mark.parametrize("length", [1, 40, 120, 253])
+def test_gateway_names_stay_within_bounds_and_distinct(length: int) -> None:
+    body = {**jobs.make_job("x", "ns", **GATEWAY), "metadata": {"name": "g" * length, "uid": "u"}}
+    objects = render.render(models.AsyncRLJob.model_validate(body))
+    assert all(len(o["metadata"]["name"]) <= names.MAX_CHILD_NAME for o in objects)
+    assert len(set(render.kinds_and_names(objects))) == len(objects)

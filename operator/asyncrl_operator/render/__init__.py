@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncrl_api import models
 
-from asyncrl_operator.render import configmap, names, nats, network, rbac, rollout, services, trainer
+from asyncrl_operator.render import configmap, gateway, names, nats, network, rbac, rollout, services, trainer
 
 Manifest = dict[str, Any]
 
@@ -19,7 +19,8 @@ __all__ = ["Manifest", "configmap", "names", "render"]
 
 
 def render(job: models.AsyncRLJob) -> list[Manifest]:
-    """Objects in apply order: config and identity first, then services, the bus, the two roles."""
+    """Objects in apply order: config and identity first, then policies and services, the bus, the two
+    roles."""
     cfg = configmap.job_config(job)
     config_hash = configmap.config_hash(cfg)
     objects: list[Manifest] = [
@@ -31,6 +32,12 @@ def render(job: models.AsyncRLJob) -> list[Manifest]:
         services.render_trainer_service(job),
         services.render_rollout_service(job),
     ]
+    gateway_spec = gateway.spec(job)
+    if gateway_spec is not None:
+        objects += [
+            gateway.render_network_policy(job, gateway_spec),
+            gateway.render_service(job, gateway_spec),
+        ]
     if job.spec.bus.nats.managed:
         objects += [nats.render_nats_service(job), nats.render_nats_statefulset(job)]
     objects += [
@@ -38,6 +45,12 @@ def render(job: models.AsyncRLJob) -> list[Manifest]:
         rollout.render_rollout_statefulset(job, config_hash),
     ]
     return objects
+
+
+def optional(job_name: str) -> list[tuple[str, str]]:
+    """(kind, name) of the children only some specs render: the gateway's. ``reconcile`` deletes the ones
+    a job's spec no longer renders (agent.loop changed from gateway), so none is left behind."""
+    return [("NetworkPolicy", names.gateway(job_name)), ("Service", names.gateway(job_name))]
 
 
 def kinds_and_names(objects: list[Manifest]) -> list[tuple[str, str]]:

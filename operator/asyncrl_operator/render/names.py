@@ -33,6 +33,7 @@ MANAGER = "asyncrl-operator"
 ROLLOUT = "rollout"
 TRAINER = "trainer"
 NATS = "nats"
+GATEWAY = "gateway"
 
 
 def child(job_name: str, suffix: str) -> str:
@@ -75,6 +76,11 @@ def network_policy(job_name: str) -> str:
     return child(job_name, "net")
 
 
+def gateway(job_name: str) -> str:
+    """The agent gateway's ClusterIP Service and its NetworkPolicy (spec.agent.loop gateway)."""
+    return child(job_name, GATEWAY)
+
+
 def labels(job_name: str, component: str) -> dict[str, str]:
     """Labels on every child and pod: app.kubernetes.io/* plus asyncrl.dev/job and asyncrl.dev/role."""
     return {
@@ -101,6 +107,12 @@ def selector_string(job_name: str, role: str) -> str:
 def trainer_host(job_name: str, namespace: str) -> str:
     """DNS name of trainer rank 0: torch master and weight-sync rendezvous."""
     return f"{trainer(job_name)}-0.{trainer(job_name)}.{namespace}.svc"
+
+
+def gateway_pod_url(job_name: str, port: int) -> str:
+    """A rollout pod's own gateway URL, through the rollout's headless Service (StatefulSet per-pod DNS).
+    The kubelet expands $(POD_NAME) and $(POD_NAMESPACE) from the identity env defined before it."""
+    return f"http://$(POD_NAME).{rollout(job_name)}.$(POD_NAMESPACE).svc:{port}"
 
 
 def nats_url(job_name: str, namespace: str, port: int) -> str:

@@ -2,7 +2,8 @@
 
 Called by ``render.render``. Every port is open to the job's own pods (NCCL picks ephemeral ports
 between trainer ranks, so a port list would break it); from anywhere else only the metrics ports
-(Prometheus) are reachable.
+(Prometheus) are reachable. A gateway job adds a second policy, ``render.gateway``'s: the gateway port
+of the rollout pods, open to the agents' pods in the namespace.
 """
 
 from __future__ import annotations

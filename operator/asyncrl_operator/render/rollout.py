@@ -2,7 +2,8 @@
 
 Called by ``render.render``. Replicas follow ``spec.rollout.replicas`` (the scale subresource), or 0
 while the job is suspended or finished. Each pod is independent: the StatefulSet controller replaces
-a failed one alone, and it re-joins weight sync at the next policy version.
+a failed one alone, and it re-joins weight sync at the next policy version. In a gateway job each pod
+also serves the agent gateway (``render.gateway``: its port, admin key and own URL).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from asyncrl_api import models
 
-from asyncrl_operator.render import names, pods
+from asyncrl_operator.render import gateway, names, pods
 
 ENTRY_POINT = "asyncrl-rollout"
 
@@ -24,12 +25,18 @@ def desired_replicas(job: models.AsyncRLJob) -> int:
 def render_rollout_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict[str, Any]:
     name = job.metadata.name
     spec = job.spec.rollout
+    env = pods.identity_env(names.ROLLOUT)
+    ports = [pods.metrics_port()]
+    gateway_spec = gateway.spec(job)
+    if gateway_spec is not None:
+        env += gateway.env(job, gateway_spec)
+        ports.append(gateway.container_port(gateway_spec))
     container = {
         "name": names.ROLLOUT,
         "image": spec.image,
         "command": pods.command(ENTRY_POINT),
-        "env": pods.identity_env(names.ROLLOUT),
-        "ports": [pods.metrics_port()],
+        "env": env,
+        "ports": ports,
         "resources": pods.resources(spec.gpus_per_replica, spec.resources),
         "volumeMounts": pods.volume_mounts(job),
         "readinessProbe": pods.readiness_probe(),

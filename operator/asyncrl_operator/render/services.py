@@ -1,5 +1,5 @@
 """Headless Services: the trainer's (stable DNS for rank 0 = torch master + weight-sync rendezvous)
-and the rollout's (stable DNS per replica, metrics discovery).
+and the rollout's (stable DNS per replica, metrics discovery, a gateway session's own replica).
 
 Called by ``render.render``. Both publish not-ready addresses: ranks must resolve each other before
 any of them is Ready (the rendezvous happens during start-up).
@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncrl_api import config, models
 
-from asyncrl_operator.render import names
+from asyncrl_operator.render import gateway, names
 
 
 def _headless(job: models.AsyncRLJob, name: str, role: str, ports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -42,6 +42,8 @@ def render_trainer_service(job: models.AsyncRLJob) -> dict[str, Any]:
 
 
 def render_rollout_service(job: models.AsyncRLJob) -> dict[str, Any]:
-    return _headless(
-        job, names.rollout(job.metadata.name), names.ROLLOUT, [_port("metrics", config.DEFAULT_METRICS_PORT)]
-    )
+    ports = [_port("metrics", config.DEFAULT_METRICS_PORT)]
+    gateway_spec = gateway.spec(job)
+    if gateway_spec is not None:
+        ports.append(gateway.service_port(gateway_spec))
+    return _headless(job, names.rollout(job.metadata.name), names.ROLLOUT, ports)

@@ -2,7 +2,8 @@
 
 Called by ``asyncrl_operator.handlers`` (kopf glue) from worker threads. Everything here is
 level-triggered and idempotent: it reads the job, renders every child, server-side applies them
-(no-ops when nothing changed), and writes the operator-owned status once at the end. Decisions come
+(no-ops when nothing changed), deletes the optional children its spec no longer renders, and writes
+the operator-owned status once at the end. Decisions come
 from the pure modules (``render``, ``status``, ``lifecycle``); I/O goes through ``apply.Client``.
 A per-job lock serialises the handlers, the child-event reactions and the resync loop for one job.
 """
@@ -32,6 +33,8 @@ _sts_cache: dict[tuple[str, str], Body | None] = {}
 """Replica counts of our StatefulSets as last seen in watch events, so most events cost no API call."""
 _sts_guard = threading.Lock()
 _last_reconciled: dict[tuple[str, str], float] = {}
+_pruned: dict[tuple[str, str], tuple[str, int]] = {}
+"""(uid, generation) of each job whose stale optional children were last looked for: once per spec."""
 _MAX_REMEMBERED = 4096
 
 
@@ -116,6 +119,7 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
             client.delete(models.KIND, namespace, name)
             metrics.forget(namespace, name)
             _last_reconciled.pop((namespace, name), None)
+            _pruned.pop((namespace, name), None)
             return
         applied: dict[tuple[str, str], Body] = {}
         for obj in render.render(job):
@@ -128,7 +132,27 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
                 degraded = status.with_condition(job.status, "Degraded", True, "ApplyFailed", why, now)
                 _write_status(client, body, degraded)
                 raise
+        _prune(client, job, set(applied))
         _write_status(client, body, _compute(job, applied, now))
+
+
+def _prune(client: apply.Client, job: models.AsyncRLJob, rendered: set[tuple[str, str]]) -> None:
+    """Delete the optional children (``render.optional``) this spec does not render, e.g. the gateway's
+    Service and NetworkPolicy after agent.loop changed from gateway; only objects this job owns. Looked
+    for once per generation (and once after an operator restart), not on every resync."""
+    meta = job.metadata
+    key, seen = (meta.namespace, meta.name), (meta.uid, meta.generation)
+    if _pruned.get(key) == seen:
+        return
+    for kind, child in render.optional(meta.name):
+        if (kind, child) in rendered:
+            continue
+        found = client.get(kind, meta.namespace, child)
+        owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
+        if found is not None and any(o.get("uid") == meta.uid for o in owners):
+            log.info("%s/%s: deleting %s %s (no longer in the spec)", meta.namespace, meta.name, kind, child)
+            client.delete(kind, meta.namespace, child, uid=found["metadata"]["uid"])
+    _pruned[key] = seen
 
 
 def _compute(job: models.AsyncRLJob, objects: dict[tuple[str, str], Body], now: datetime.datetime) -> Any:

@@ -3,7 +3,9 @@
 Sufficient: the operator (the `asyncrl-operator` console script, as a local process) runs with a
 TokenRequest token of the chart's ServiceAccount -- no other credentials -- and reconciles
 examples/job.yaml end to end: every child applied, status written, pods scheduled onto kwok GPU nodes,
-and a failed rollout pod replaced (the `pods: delete` path); its log shows no Forbidden.
+and a failed rollout pod replaced (the `pods: delete` path); and examples/gateway-cpu.yaml: the gateway's
+Service and NetworkPolicy applied, the admin key only a secretKeyRef, both deleted again when agent.loop
+changes (the `get`/`delete` path). Its log shows no Forbidden.
 Minimal: `kubectl auth can-i --as=system:serviceaccount:...` is yes for each verb of the rendered
 ClusterRole and no for Secrets, pods/exec, cluster-admin and other things the operator never does.
 """
@@ -15,6 +17,7 @@ import json
 import os
 import pathlib
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -36,6 +39,7 @@ SA = f"{RELEASE}-asyncrl-operator"
 SUBJECT = f"system:serviceaccount:{RELEASE_NS}:{SA}"
 CRD = "asyncrljobs.asyncrl.dev"
 JOB = "math"
+CHILD_KINDS = "configmap,service,serviceaccount,role,rolebinding,networkpolicy,statefulset,pod"
 
 
 def get(kubectl: Any, *args: str) -> Any:
@@ -268,6 +272,67 @@ def test_operator_with_the_chart_token_reconciles_the_example_job(
         "status.restarts.rollout counted",
         timeout=30,
     )
+    assert not forbidden_lines(operator_as_sa), "\n".join(forbidden_lines(operator_as_sa))
+
+
+def test_operator_with_the_chart_token_renders_a_gateway_job_and_prunes_it_after_a_loop_change(
+    kubectl: Any, namespace: str, operator_as_sa: pathlib.Path
+) -> None:
+    job, admin = "gw", "gw-gateway-admin"  # examples/gateway-cpu.yaml
+    key = secrets.token_hex(24)
+    kubectl("create", "secret", "generic", admin, "-n", namespace, f"--from-literal=apiKey={key}")
+    kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "gateway-cpu.yaml"))
+    service, policy, rollout = cluster_wait.wait_until(
+        lambda: [
+            get(kubectl, kind, name, "-n", namespace, "--ignore-not-found")
+            for kind, name in [
+                ("service", "gw-gateway"),
+                ("networkpolicy", "gw-gateway"),
+                ("sts", "gw-rollout"),
+            ]
+        ],
+        all,
+        "the gateway job's Service, NetworkPolicy and rollout StatefulSet",
+        timeout=60,
+    )
+    selector = {"asyncrl.dev/job": job, "asyncrl.dev/role": "rollout"}
+    assert service["spec"]["type"] == "ClusterIP" and service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [
+        {"name": "gateway", "port": 8100, "targetPort": 8100, "protocol": "TCP"}
+    ]
+    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {}}], "ports": [{"port": 8100, "protocol": "TCP"}]}
+    ]
+    (container,) = rollout["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ASYNCRL_GATEWAY_ADMIN_KEY"]["valueFrom"] == {"secretKeyRef": {"name": admin, "key": "apiKey"}}
+    assert env["ASYNCRL_GATEWAY_URL"]["value"] == "http://$(POD_NAME).gw-rollout.$(POD_NAMESPACE).svc:8100"
+    owned = kubectl("get", CHILD_KINDS, "-n", namespace, "-l", f"asyncrl.dev/job={job}", "-o", "json").stdout
+    assert len(json.loads(owned)["items"]) >= 10 and key not in owned  # the key is in the Secret only
+
+    # agent.loop gateway -> tool: the operator deletes the gateway's Service and NetworkPolicy.
+    tool_loop = {"loop": "tool", "gateway": None, "tools": ["asyncrl_workloads.tasks.lookup:lookup"]}
+    kubectl(
+        "patch",
+        "asyncrljob",
+        job,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"agent": tool_loop}}),
+    )
+    cluster_wait.wait_until(
+        lambda: kubectl(
+            "get", "service,networkpolicy", "gw-gateway", "-n", namespace, "--ignore-not-found", "-o", "name"
+        ).stdout.strip(),
+        lambda left: not left,
+        "the gateway's Service and NetworkPolicy deleted",
+        timeout=30,
+    )
+    headless = get(kubectl, "service", "gw-rollout", "-n", namespace)
+    assert [p["name"] for p in headless["spec"]["ports"]] == ["metrics"]
     assert not forbidden_lines(operator_as_sa), "\n".join(forbidden_lines(operator_as_sa))
 
 

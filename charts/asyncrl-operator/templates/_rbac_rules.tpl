@@ -24,13 +24,19 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
   resources: [asyncrljobs/finalizers]
   verbs: [update]
 # apply.Client.apply: server-side apply (PATCH; creating on first apply needs create) of every kind
-# render() emits. Nothing is deleted: children go away through garbage collection.
+# render() emits. Children go away with their job through garbage collection; the one exception is
+# below.
 - apiGroups: [""]
-  resources: [configmaps, services, serviceaccounts]
+  resources: [configmaps, serviceaccounts]
   verbs: [create, patch]
+# Services and NetworkPolicies: applied as above; reconcile._prune GETs and DELETEs (uid precondition,
+# only if this job owns it) the gateway's Service and NetworkPolicy when agent.loop stops being gateway.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, create, patch, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [create, patch]
+  verbs: [get, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [create, patch]

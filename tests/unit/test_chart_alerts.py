@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -61,7 +62,7 @@ def test_promtool_check_rules_passes_on_the_rendered_groups(tmp_path: pathlib.Pa
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rendered_groups()}))
     done = run_promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 7 rules found" in done.stdout, done.stdout
+    assert "SUCCESS: 9 rules found" in done.stdout, done.stdout
 
 
 def test_every_alert_has_a_runbook() -> None:
@@ -102,6 +103,20 @@ def bucket_series(job: str, counts_per_min: dict[str, int]) -> list[dict[str, st
             {"series": W("asyncrl_weight_sync_seconds_bucket", job, le=le), "values": f"0+{running}x60"}
         )
     return out
+
+
+def gateway_requests(job: str, route: str, code: str, per_min: float) -> dict[str, str]:
+    return {
+        "series": W("asyncrl_gateway_requests_total", job, role="rollout", route=route, code=code),
+        "values": f"0+{per_min}x60",
+    }
+
+
+def gateway_sessions(job: str, state: str, per_min: float) -> dict[str, str]:
+    return {
+        "series": W("asyncrl_gateway_sessions_total", job, role="rollout", state=state),
+        "values": f"0+{per_min}x60",
+    }
 
 
 SCENARIOS: list[dict[str, Any]] = [
@@ -163,6 +178,36 @@ SCENARIOS: list[dict[str, Any]] = [
             fires("AsyncRLWeightSyncFailing", "30m", "lagging", severity="critical"),
         ],
     },
+    {  # new session groups: "throttled" gets 429 for 10 of 11 (1/s, amid many 200s on chat, which do not
+        # count); "busy" 429s at 1/s but only for 3 of 10; "quiet" only 429s, but 1 a minute (under the floor)
+        "input_series": [
+            gateway_requests("throttled", "groups", "429", 50),
+            gateway_requests("throttled", "sessions", "429", 10),
+            gateway_requests("throttled", "groups", "200", 6),
+            gateway_requests("throttled", "chat", "200", 600),
+            gateway_requests("busy", "groups", "429", 60),
+            gateway_requests("busy", "groups", "200", 140),
+            gateway_requests("quiet", "sessions", "429", 1),
+        ],
+        "alert_rule_test": [
+            silent("AsyncRLGatewayThrottling", "5m"),
+            fires("AsyncRLGatewayThrottling", "30m", "throttled", severity="warning"),
+        ],
+    },
+    {  # sessions: "leaky" has 3 of 4 expire (0.1/s); "healthy" 1 in 61; "rare" only expiries, 1 in 5 minutes
+        "input_series": [
+            gateway_sessions("leaky", "expired", 6),
+            gateway_sessions("leaky", "ended", 2),
+            gateway_sessions("healthy", "expired", 1),
+            gateway_sessions("healthy", "ended", 60),
+            gateway_sessions("rare", "expired", 0.2),
+            gateway_sessions("rare", "ended", 0),
+        ],
+        "alert_rule_test": [
+            silent("AsyncRLGatewaySessionsExpiring", "10m"),
+            fires("AsyncRLGatewaySessionsExpiring", "40m", "leaky", severity="warning"),
+        ],
+    },
     {  # the operator: one job Failed from minute 5; reconcile errors at 0.1/s
         "input_series": [
             {"series": 'asyncrl_jobs{phase="Failed"}', "values": "0x5 1x30"},
@@ -198,9 +243,28 @@ def test_each_alert_fires_on_its_fault_and_not_on_a_healthy_job(tmp_path: pathli
 
 def test_thresholds_come_from_values() -> None:
     groups = rendered_groups(
-        "prometheusRule.thresholds.trainerStalledFor=2m", "prometheusRule.thresholds.weightSyncSeconds=5"
+        "prometheusRule.thresholds.trainerStalledFor=2m",
+        "prometheusRule.thresholds.weightSyncSeconds=5",
+        "prometheusRule.thresholds.gatewayThrottledRate=2",
     )
     rules = {r["alert"]: r for g in groups for r in g["rules"]}
     assert rules["AsyncRLTrainerStalled"]["for"] == "2m"
     assert 'changes(asyncrl_trainer_step{role="trainer"}[2m])' in rules["AsyncRLTrainerStalled"]["expr"]
     assert rules["AsyncRLWeightSyncSlow"]["expr"].rstrip().endswith("> 5")
+    assert "[10m])) > 2\n" in rules["AsyncRLGatewayThrottling"]["expr"]
+
+
+def test_gateway_alerts_name_only_gateway_metrics_the_workloads_export() -> None:
+    """The gateway alerts exist and read only series of workloads/metrics.py, with its label values."""
+    from asyncrl_workloads import metrics as workload_metrics
+
+    rules = {r["alert"]: r for g in rendered_groups() for r in g["rules"]}
+    exported = {
+        workload_metrics.GATEWAY_REQUESTS._name + "_total",
+        workload_metrics.GATEWAY_SESSIONS._name + "_total",
+    }
+    for alert in ("AsyncRLGatewayThrottling", "AsyncRLGatewaySessionsExpiring"):
+        names = set(re.findall(r"\basyncrl_[a-z0-9_]+", rules[alert]["expr"]))
+        assert names and names <= exported, (alert, names)
+    states = set(re.findall(r'state=~?"([a-z|]+)"', rules["AsyncRLGatewaySessionsExpiring"]["expr"]))
+    assert {s for group in states for s in group.split("|")} <= set(workload_metrics.GATEWAY_SESSION_STATES)

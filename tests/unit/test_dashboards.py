@@ -25,6 +25,12 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "asyncrl-operator"
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 
+# The agent gateway's metrics (workloads metrics.py), all shown in the job dashboard's "Agent gateway" row.
+GATEWAY_METRICS = {
+    "asyncrl_gateway_sessions_active", "asyncrl_gateway_sessions_total", "asyncrl_gateway_requests_total",
+    "asyncrl_gateway_ttft_seconds", "asyncrl_gateway_request_seconds", "asyncrl_gateway_tokens_total",
+    "asyncrl_gateway_unrewarded_total",
+}  # fmt: skip
 # design.md §5, verbatim. Histograms also export _bucket/_sum/_count; counters end in _total.
 WORKLOAD_METRICS = {
     "asyncrl_trajectories_produced_total", "asyncrl_trajectories_consumed_total",
@@ -38,6 +44,8 @@ WORKLOAD_METRICS = {
     "asyncrl_rollout_admission_blocked_seconds_total", "asyncrl_rollout_inflight_group_seconds_total",
     # beyond §5: the agent loop's tool latency and why its episodes ended
     "asyncrl_tool_seconds", "asyncrl_agent_episodes_total",
+    # beyond §5: the agent gateway (gateway/)
+    *GATEWAY_METRICS,
 }  # fmt: skip
 OPERATOR_METRICS = {
     "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",
@@ -45,6 +53,7 @@ OPERATOR_METRICS = {
 }  # fmt: skip
 HISTOGRAMS = {"asyncrl_sample_staleness", "asyncrl_weight_sync_seconds", "asyncrl_rollout_pause_seconds",
               "asyncrl_reward", "asyncrl_agent_turns", "asyncrl_tool_seconds",
+              "asyncrl_gateway_ttft_seconds", "asyncrl_gateway_request_seconds",
               "asyncrl_operator_reconcile_seconds"}  # fmt: skip
 # What issue 5 asks the dashboards to show, as the metric each panel family needs.
 REQUIRED = {
@@ -57,6 +66,10 @@ REQUIRED = {
     # the agent loop's row
     "asyncrl_tool_calls_total", "asyncrl_agent_episodes_total", "asyncrl_agent_turns_sum",
     "asyncrl_agent_turns_count", "asyncrl_tool_seconds_bucket",
+    # the agent gateway's row
+    "asyncrl_gateway_sessions_active", "asyncrl_gateway_sessions_total", "asyncrl_gateway_requests_total",
+    "asyncrl_gateway_ttft_seconds_bucket", "asyncrl_gateway_request_seconds_bucket",
+    "asyncrl_gateway_tokens_total", "asyncrl_gateway_unrewarded_total",
 }  # fmt: skip
 
 # Values the e2e test and this test give Grafana's variables.
@@ -169,6 +182,33 @@ def test_dashboards_cover_what_the_issue_lists() -> None:
     assert used >= REQUIRED, f"no panel shows {sorted(REQUIRED - used)}"
 
 
+def row_panels(board: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels between row `title` and the next row (rows are not collapsed)."""
+    items = board["panels"]
+    start = next(i for i, item in enumerate(items) if item["type"] == "row" and item["title"] == title)
+    out = []
+    for item in items[start + 1 :]:
+        if item["type"] == "row":
+            break
+        out.append(item)
+    return out
+
+
+def test_job_dashboard_has_an_agent_gateway_row_on_the_gateway_metrics() -> None:
+    board = load(CHART / "dashboards" / "asyncrl-job.json")
+    gateway = row_panels(board, "Agent gateway")
+    used = set().union(*(metric_names(t["expr"]) for p in gateway for t in p["targets"]))
+    histograms = {"asyncrl_gateway_ttft_seconds", "asyncrl_gateway_request_seconds"}
+    assert used == (GATEWAY_METRICS - histograms) | {f"{h}_bucket" for h in histograms}
+    exprs = [t["expr"] for p in gateway for t in p["targets"]]
+    assert any('code="429"' in e and 'route=~"groups|sessions"' in e for e in exprs), "no 429 share"
+    for h in histograms:
+        quantiles = [e for e in exprs if f"{h}_bucket" in e]
+        assert [e.split(",")[0] for e in quantiles] == ["histogram_quantile(0.5", "histogram_quantile(0.95"]
+    for p in gateway:
+        assert "agent.loop: gateway" in p["description"], p["title"]
+
+
 def test_metric_name_parser_catches_unknown_names() -> None:
     assert metric_names('sum by (le) (rate(foo_bucket{job="$job"}[5m])) / on (job) bar') == {
         "foo_bucket",
@@ -196,8 +236,9 @@ def test_section5_names_are_what_the_code_registers() -> None:
 
 def exposed_series_names() -> set[str]:
     """Sample names the real registries expose (prometheus_client's own text format), with every
-    label child the processes create (workloads.metrics.bind, and the agent loop's per tool/outcome and
-    per end children, which exist once a call or an episode was counted) present."""
+    label child the processes create (workloads.metrics.bind, the agent loop's per tool/outcome and
+    per end children, which exist once a call or an episode was counted, and the gateway's per
+    route/code children, which exist once a route answered) present."""
     import prometheus_client
     from asyncrl_operator import metrics as operator_metrics
     from asyncrl_workloads import metrics as workload_metrics
@@ -206,6 +247,7 @@ def exposed_series_names() -> set[str]:
     bound = workload_metrics.bind(workload_metrics.Identity(*identity))
     bound.tool_calls_by("lookup", "ok")
     bound.agent_episodes_by("stop")
+    bound.gateway_requests_by("groups", 429)
     try:
         registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
         text = b"".join(prometheus_client.generate_latest(r) for r in registries).decode()

@@ -10,6 +10,8 @@ Conventions every query follows (the e2e test substitutes the same variables):
 Only metrics the project exports are used. The "Agent loop" row of the job dashboard is empty for a job
 without `spec.agent` (its rollouts create the tool-call and episode series on the first call/episode);
 it comes last and each of its panels says so, so an empty panel there does not read as a broken one.
+The "Agent gateway" row after it is the same for a job without `agent.loop: gateway` (its counters stay
+at zero, and the per-route request series appear with a route's first request).
 """
 
 from __future__ import annotations
@@ -165,6 +167,91 @@ def agent_row() -> list[dict[str, Any]]:
             unit="s",
             description="Seconds per call that reached its tool (outcome ok, error or timeout), as the "
             "loop waited for it. " + AGENT_ONLY,
+        ),
+    ]
+
+
+GATEWAY_ONLY = "Zero or empty for a job without agent.loop: gateway."
+ADMIT = 'route=~"groups|sessions"'
+
+
+def gateway_row() -> list[dict[str, Any]]:
+    """The agent gateway (gateway/): its sessions, what its HTTP routes answered, completion latency and
+    tokens, and trajectories it could not publish for want of a reward."""
+    requests = "asyncrl_gateway_requests_total"
+    rollout = f'{JOB}, role="rollout"'
+    return [
+        row("Agent gateway"),
+        panel(
+            "Gateway sessions active",
+            "timeseries",
+            [(f"sum by (replica) (asyncrl_gateway_sessions_active{{{rollout}}})", "rollout {{replica}}")],
+            description="Sessions open on each rollout replica (started, not yet ended, expired or aborted). "
+            + GATEWAY_ONLY,
+        ),
+        panel(
+            "Gateway sessions / s by state",
+            "timeseries",
+            [(f"sum by (state) (rate(asyncrl_gateway_sessions_total{{{JOB}}}[{RI}]))", "{{state}}")],
+            unit="ops",
+            description="started; ended (by the agent, published with its group); expired (no request for "
+            "sessionTimeoutSeconds, never published); aborted (open when the replica stopped, never "
+            "published). Expired close to ended: agents that never end their sessions lose their work. "
+            + GATEWAY_ONLY,
+        ),
+        panel(
+            "Gateway requests / s by code",
+            "timeseries",
+            [(f"sum by (code) (rate({requests}{{{JOB}}}[{RI}]))", "{{code}}")],
+            unit="ops",
+            description="HTTP answers of every gateway route by status: 429 no admission (retry), 401 a "
+            "wrong key, 404 an unknown session, 409 an ended one, 410 an expired one, 413 a body over "
+            "maxBodyBytes. " + GATEWAY_ONLY,
+        ),
+        panel(
+            "Gateway admission refused (429 share)",
+            "timeseries",
+            [
+                (
+                    f'sum(rate({requests}{{{JOB}, {ADMIT}, code="429"}}[{RI}])) / '
+                    f"sum(rate({requests}{{{JOB}, {ADMIT}}}[{RI}]))",
+                    "429 share",
+                )
+            ],
+            unit="percentunit",
+            description="Share of /rl/groups and /rl/sessions requests answered 429: the staleness bound "
+            "(maxStaleness) or maxInflightPrompts admitted no new group. Near 1, agents wait for the "
+            "trainer (see AsyncRLGatewayThrottling). " + GATEWAY_ONLY,
+        ),
+        panel(
+            "Gateway time to first token",
+            "timeseries",
+            quantiles("asyncrl_gateway_ttft_seconds", JOB, qs=(0.5, 0.95)),
+            unit="s",
+            description="Seconds from a streamed completion request to its first token. " + GATEWAY_ONLY,
+        ),
+        panel(
+            "Gateway request latency",
+            "timeseries",
+            quantiles("asyncrl_gateway_request_seconds", JOB, qs=(0.5, 0.95)),
+            unit="s",
+            description="Seconds from a completion request to its whole response (streamed or not). "
+            + GATEWAY_ONLY,
+        ),
+        panel(
+            "Gateway tokens / s by kind",
+            "timeseries",
+            [(f"sum by (kind) (rate(asyncrl_gateway_tokens_total{{{JOB}}}[{RI}]))", "{{kind}}")],
+            description="prompt: tokens fed to the engine per completion (a continued call's whole "
+            "context); completion: tokens generated. " + GATEWAY_ONLY,
+        ),
+        panel(
+            "Gateway trajectories unrewarded / s",
+            "timeseries",
+            [(f"sum(rate(asyncrl_gateway_unrewarded_total{{{JOB}}}[{RI}]))", "unrewarded")],
+            unit="ops",
+            description="Trajectories not published: the agent set no reward (/rl/reward) and the "
+            "session had no data record for the job's reward function to score. " + GATEWAY_ONLY,
         ),
     ]
 
@@ -327,6 +414,7 @@ def job_dashboard() -> dict[str, Any]:
             description="Mean prompt groups generating per rollout (at most rollout.maxInflightPrompts).",
         ),
         *agent_row(),
+        *gateway_row(),
     ]
     for p in panels:
         if p.pop("targets_format", None):

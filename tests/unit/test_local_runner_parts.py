@@ -15,7 +15,7 @@ from asyncrl_api import config, models
 from asyncrl_operator import render
 from asyncrl_testing import jobs
 from asyncrl_workloads import metrics
-from asyncrl_workloads.local import pods, progress, runner
+from asyncrl_workloads.local import gateway, pods, progress, runner
 
 CONFIG_PATH = pathlib.Path("/runs/x/job.json")
 
@@ -142,6 +142,106 @@ def test_missing_role_statefulset_is_reported():
     ]
     with pytest.raises(pods.RenderedJobError, match="rollout"):
         pods.role_statefulsets(manifests)
+
+
+# --- a gateway job: admin key, one port per rollout replica, what the user is told ----------------------
+
+
+def _gateway_job(replicas=2, port=8100):
+    body = jobs.load_example("gateway-cpu.yaml")
+    body["spec"]["rollout"]["replicas"] = replicas
+    body["spec"]["agent"]["gateway"]["port"] = port
+    return models.AsyncRLJob.model_validate(body)
+
+
+def test_gateway_replicas_get_their_own_port_and_url_and_the_admin_key_for_its_secret():
+    job = _gateway_job(replicas=2, port=8100)
+    local_gateway = gateway.plan(job.spec, {})
+    assert local_gateway is not None and local_gateway.secret == ("gw-gateway-admin", "apiKey")
+    manifests = render.render(job)
+    cfg = pods.localize_config(pods.job_json(manifests), "nats://127.0.0.1:4333", 1, 2, 3)
+    ports = itertools.count(40000)
+    local = pods.expand(manifests, CONFIG_PATH, cfg, lambda: next(ports), gateway=local_gateway)
+    key = local_gateway.admin_key
+    env = {p.name: {k: v for k, v in p.env.items() if k.startswith("ASYNCRL_GATEWAY_")} for p in local}
+    assert env == {
+        "gw-trainer-0": {},
+        "gw-rollout-0": {
+            "ASYNCRL_GATEWAY_ADMIN_KEY": key,
+            "ASYNCRL_GATEWAY_PORT": "8100",
+            "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8100",
+        },
+        "gw-rollout-1": {
+            "ASYNCRL_GATEWAY_ADMIN_KEY": key,
+            "ASYNCRL_GATEWAY_PORT": "8101",
+            "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8101",
+        },
+    }
+    described = json.loads(pods.describe(local))  # pods.json: the key stays in gateway.json only
+    assert [p["env"].get("ASYNCRL_GATEWAY_ADMIN_KEY") for p in described] == [None, "(secret)", "(secret)"]
+    assert local_gateway.admin_key not in pods.describe(local)
+    # without the run's key, the Secret has no local value: refused as before
+    with pytest.raises(pods.RenderedJobError, match="ASYNCRL_GATEWAY_ADMIN_KEY"):
+        pods.expand(manifests, CONFIG_PATH, cfg, lambda: next(ports))
+    assert (
+        gateway.plan(models.AsyncRLJob.model_validate(jobs.load_example("agent-cpu.yaml")).spec, {}) is None
+    )
+
+
+def test_gateway_admin_key_is_the_environments_or_new_for_every_run():
+    spec = _gateway_job().spec
+    assert gateway.plan(spec, {"ASYNCRL_GATEWAY_ADMIN_KEY": " mine \n"}).admin_key == "mine"
+    generated = {gateway.plan(spec, {"ASYNCRL_GATEWAY_ADMIN_KEY": ""}).admin_key for _ in range(3)}
+    assert len(generated) == 3 and all(len(key) >= 32 for key in generated)
+
+
+def test_gateway_urls_and_key_are_printed_and_written_for_the_owner_only(tmp_path):
+    local_gateway = gateway.plan(
+        _gateway_job(replicas=2, port=8200).spec, {"ASYNCRL_GATEWAY_ADMIN_KEY": "k3y"}
+    )
+    path = gateway.write_info(local_gateway, tmp_path)
+    assert path == tmp_path / "gateway.json" and path.stat().st_mode & 0o777 == 0o600
+    info = json.loads(path.read_text())
+    command = (
+        "ASYNCRL_GATEWAY_URL=http://127.0.0.1:8200 ASYNCRL_GATEWAY_ADMIN_KEY=k3y "
+        "python examples/agents/lookup_agent.py"
+    )
+    assert info == {
+        "url": "http://127.0.0.1:8200",
+        "urls": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"],
+        "adminKey": "k3y",
+        "env": {"ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8200", "ASYNCRL_GATEWAY_ADMIN_KEY": "k3y"},
+        "agentCommand": command,
+    }
+    url_line, key_line, agent_line = local_gateway.lines(path)
+    assert url_line.startswith("asyncrl: agent gateway at http://127.0.0.1:8200 (replica 0 of ")
+    assert "http://127.0.0.1:8201" in url_line
+    assert key_line == f"asyncrl: gateway admin key k3y (also in {path})"
+    assert agent_line == f"asyncrl: drive it with an agent: {command}"
+    quoted = dataclasses.replace(local_gateway, admin_key="a b")  # a key from the env is quoted for the shell
+    assert "ASYNCRL_GATEWAY_ADMIN_KEY='a b' python" in quoted.agent_command()
+
+
+def test_a_gateway_port_in_use_is_reported_before_anything_runs(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        local_gateway = gateway.plan(_gateway_job(replicas=1, port=port).spec, {})
+        assert gateway.busy_ports(local_gateway) == [port]
+        body = jobs.load_example("gateway-cpu.yaml")
+        body["spec"]["rollout"]["replicas"] = 1
+        body["spec"]["agent"]["gateway"]["port"] = port
+        job_file = tmp_path / "gw.yaml"
+        job_file.write_text(yaml.safe_dump(body))
+        with pytest.raises(
+            runner.JobFileError, match=rf"spec\.agent\.gateway\.port: port\(s\) {port} in use"
+        ):
+            runner.run(runner.Options(job_file=job_file, run_dir=tmp_path / "run"))
+        assert not (tmp_path / "run").exists()
+    assert gateway.busy_ports(local_gateway) == []
 
 
 # --- job loading --------------------------------------------------------------------------------------

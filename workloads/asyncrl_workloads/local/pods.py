@@ -11,6 +11,9 @@ references in the command expanded from that env. Local differences, all explici
   name 127.0.0.1 and the runner's free ports (`localize_config`);
 - MASTER_ADDR/MASTER_PORT (torch's default group) become 127.0.0.1 and the local torch master port;
 - each process gets its own metrics port through ASYNCRL_METRICS_PORT (they share one host);
+- a gateway job's rollout replica i serves the gateway on spec port + i at 127.0.0.1 (`local.gateway`:
+  ASYNCRL_GATEWAY_PORT and ASYNCRL_GATEWAY_URL replace the pod's DNS name), and the admin key's
+  `secretKeyRef` resolves to the run's key (the only Secret a local run has);
 - a bare console-script name (asyncrl-trainer) resolves to the running interpreter's scripts dir.
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 
 from asyncrl_api import config
 
+from asyncrl_workloads.local import gateway as gateway_mod
 from asyncrl_workloads.local import process
 
 ROLE_LABEL = "asyncrl.dev/role"
@@ -121,18 +125,32 @@ def field_value(path: str, pod_name: str, namespace: str, ordinal: int, labels: 
 
 
 def container_env(
-    container: Mapping[str, Any], pod_name: str, namespace: str, ordinal: int, labels: Mapping[str, str]
+    container: Mapping[str, Any],
+    pod_name: str,
+    namespace: str,
+    ordinal: int,
+    labels: Mapping[str, str],
+    secrets: Mapping[tuple[str, str], str] | None = None,
 ) -> dict[str, str]:
-    """The container's env as the kubelet resolves it (in order; later entries may use earlier ones)."""
+    """The container's env as the kubelet resolves it (in order; later entries may use earlier ones).
+    `secrets`: (Secret name, key) -> value, the Secrets this local run has."""
     env: dict[str, str] = {}
+    secrets = secrets or {}
     for item in container.get("env", []):
+        source = item.get("valueFrom", {})
+        secret = source.get("secretKeyRef", {})
         if "value" in item:
             env[item["name"]] = expand_vars(str(item["value"]), env)
-        elif "fieldRef" in item.get("valueFrom", {}):
-            path = item["valueFrom"]["fieldRef"]["fieldPath"]
+        elif "fieldRef" in source:
+            path = source["fieldRef"]["fieldPath"]
             env[item["name"]] = field_value(path, pod_name, namespace, ordinal, labels)
+        elif (secret.get("name"), secret.get("key")) in secrets:
+            env[item["name"]] = secrets[(secret["name"], secret["key"])]
         else:
-            raise RenderedJobError(f"env {item.get('name')!r}: only value and fieldRef are supported locally")
+            raise RenderedJobError(
+                f"env {item.get('name')!r}: only value, fieldRef and the gateway's admin key Secret are "
+                "supported locally"
+            )
     return env
 
 
@@ -152,12 +170,15 @@ def expand(
     cfg: config.JobConfig,
     next_port: Callable[[], int],
     replicas: Mapping[str, int] | None = None,
+    gateway: gateway_mod.LocalGateway | None = None,
 ) -> list[LocalPod]:
     """Every replica of the trainer and rollout StatefulSets as a `LocalPod` (trainer first).
 
     `cfg` is the localized config (its torch master port is used); `next_port` hands out metrics ports;
-    `replicas` overrides a role's replica count (default: the StatefulSet's spec.replicas).
+    `replicas` overrides a role's replica count (default: the StatefulSet's spec.replicas); `gateway`:
+    a gateway job's local admin key and ports.
     """
+    secrets = gateway.secrets() if gateway is not None else {}
     pods: list[LocalPod] = []
     for role, statefulset in role_statefulsets(manifests).items():
         count = (replicas or {}).get(role, int(statefulset["spec"].get("replicas", 1)))
@@ -169,7 +190,9 @@ def expand(
         container = containers[0]
         for ordinal in range(count):
             pod_name = f"{statefulset['metadata']['name']}-{ordinal}"
-            env = container_env(container, pod_name, cfg.namespace, ordinal, labels)
+            env = container_env(container, pod_name, cfg.namespace, ordinal, labels, secrets)
+            if role == "rollout" and gateway is not None:
+                env.update(gateway.pod_env(ordinal))
             if "MASTER_ADDR" in env:
                 env["MASTER_ADDR"] = "127.0.0.1"
             if "MASTER_PORT" in env:
@@ -188,7 +211,8 @@ def expand(
 
 
 def describe(pods: list[LocalPod]) -> str:
-    """A JSON summary (written to the run dir, so a run says exactly what it started)."""
+    """A JSON summary (written to the run dir, so a run says exactly what it started); the gateway's admin
+    key is left out (it is in the run dir's gateway.json, readable by its owner only)."""
     return json.dumps(
         [
             {
@@ -196,7 +220,7 @@ def describe(pods: list[LocalPod]) -> str:
                 "role": p.role,
                 "replica": p.replica,
                 "argv": list(p.argv),
-                "env": dict(p.env),
+                "env": {k: "(secret)" if k == gateway_mod.ADMIN_KEY_ENV else v for k, v in p.env.items()},
                 "metricsPort": p.metrics_port,
                 "cpus": sorted(p.cpus) if p.cpus is not None else None,
             }

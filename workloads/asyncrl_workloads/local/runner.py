@@ -10,7 +10,8 @@ controller would), live progress and a clean stop.
 Run directory layout: job.yaml (the job as run), rendered.yaml (render's output), job.json (the config
 with local endpoints), pods.json (argv/env of every process), logs/<pod>.log, nats/ (JetStream store),
 steps.jsonl (trainer step log), progress.json (trainer progress report), metrics.jsonl (one record per
-poll, see `progress`), checkpoints/ (unless --keep-checkpoint-path), summary.json.
+poll, see `progress`), checkpoints/ (unless --keep-checkpoint-path), summary.json; for a gateway job also
+gateway.json (mode 0600: the replicas' URLs and the admin key, also printed at start; see `gateway`).
 
 Local deviations from the job as written, all deliberate: trainer.checkpoint.path moves into the run
 dir (so a new run starts fresh and re-running the same --run-dir resumes), --max-steps and
@@ -35,7 +36,7 @@ import pydantic
 import yaml
 from asyncrl_api import models
 
-from asyncrl_workloads.local import natsserver, pods, process, progress
+from asyncrl_workloads.local import gateway, natsserver, pods, process, progress
 
 STOP_GRACE_S = 15.0
 ROLLOUT_RESTARTS = 3
@@ -200,8 +201,15 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     out = Terminal(stream)
     run_dir = (options.run_dir or default_run_dir(options.job_file)).resolve()
     job, raw = load_job(options, run_dir)  # before anything is written: a bad job leaves nothing behind
-    run_dir.mkdir(parents=True, exist_ok=True)
     spec = job.spec
+    local_gateway = gateway.plan(spec, os.environ)
+    busy = gateway.busy_ports(local_gateway) if local_gateway is not None else []
+    if busy:
+        raise JobFileError(
+            f"spec.agent.gateway.port: port(s) {', '.join(map(str, busy))} in use on this machine "
+            f"(rollout replica i serves on port + i); choose another port"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "job.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     manifests = render.render(job)
     (run_dir / "rendered.yaml").write_text(yaml.safe_dump_all(manifests, sort_keys=False))
@@ -238,8 +246,9 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         )
         config_path = run_dir / "job.json"
         config_path.write_text(cfg.model_dump_json(by_alias=True, exclude_none=True, indent=2))
-        local_pods = pods.expand(manifests, config_path, cfg, process.free_port)
+        local_pods = pods.expand(manifests, config_path, cfg, process.free_port, gateway=local_gateway)
         (run_dir / "pods.json").write_text(pods.describe(local_pods))
+        info_path = gateway.write_info(local_gateway, run_dir) if local_gateway is not None else None
         base_env = {
             **LOCAL_ENV_DEFAULTS,
             **os.environ,
@@ -252,6 +261,9 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
             f"asyncrl: started {', '.join(p.name for p in local_pods)} (logs in {run_dir / 'logs'}); "
             "Ctrl-C stops"
         )
+        if local_gateway is not None and info_path is not None:
+            for line in local_gateway.lines(info_path):
+                out.say(line)
         outcome, detail = _watch(options, spec.max_steps, supervisor, run_dir, stop, out)
         if outcome == "stopped":
             detail = reason["why"] if stop.is_set() else detail

@@ -48,6 +48,8 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     # P5: 9 rounds of 64 episodes (~4 turns of ~26 tokens) and their single-turn and split twins (~2.5 min);
     # per-round ratios spread 0.6-0.9 on this host
     "agent": ([f"{TOOLS}/bench_agent.py", "--rounds", "9"], "--json"),
+    # the gateway ÷ vLLM's own server: 10 rounds of 16 clients x 12 completions per side (~8 min)
+    "gateway": ([f"{TOOLS}/bench_gateway.py", "--rounds", "10", "--requests", "12"], "--json"),
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs
     # (~55 min): 12 left the interval of the median at 0.83-1.08 (samples), ±15% per 30 s window
@@ -152,6 +154,41 @@ def _bus_parts_rows(res: dict[str, Any]) -> list[list[str]]:
         got = f"**{statistics.median(values):.3f}** (rounds {', '.join(map(str, values))})"
         rows.append(["P4 parts", what, got, "— (diagnostic)", "—"])
     return rows
+
+
+def _front_end_ms(side: dict[str, Any]) -> tuple[float, float]:
+    """(front-end process, engine processes) server CPU ms per completion of one side of a round: the
+    front end is the server's own process ("python/<thread>"), the rest its vLLM engine core and worker."""
+    split = side["server_cpu_split"]
+    front = sum(v for k, v in split.items() if k.startswith("python/"))
+    return front, side["server_cpu_ms_per_completion"] - front
+
+
+def _gateway_rows(res: dict[str, Any] | None) -> list[list[str]]:
+    """The gateway benchmark (bench_gateway.py): gateway ÷ vLLM's own OpenAI server."""
+    what = ("gateway ÷ vLLM's own OpenAI server (`vllm.entrypoints.openai.api_server`), chat completions/s, "
+            "same tiny model, core and prompts, 16 concurrent `openai` clients")  # fmt: skip
+    if not res:
+        return [["Gateway", what, "", "≥ 0.9", ""]]
+    rs, st = res["rounds"], res["settings"]
+    ratios, tokens = [r["ratio"] for r in rs], [r["tokens_ratio"] for r in rs]
+    interval, verdict = _verdict_ci(ratios, 0.9)
+    tokens_interval = _verdict_ci(tokens, 0.9)[0]
+    rate = {side: statistics.median(r[side]["per_s"] for r in rs) for side in ("gateway", "vllm")}
+    length = statistics.median(r[side]["tokens_per_completion"] for r in rs for side in ("gateway", "vllm"))
+    got = (f"**{res['ratio']}** = median of {len(rs)} rounds ({', '.join(map(str, ratios))}; {interval}); "
+           f"medians {rate['gateway']}/s and {rate['vllm']}/s; completion tokens/s **{res['tokens_ratio']}** "
+           f"({tokens_interval}); {st['clients']} clients x {st['requests']} requests per round, "
+           f"max_tokens {st['max_tokens']}, {length} tokens per completion"
+           f"{', streaming' if st.get('stream') else ''}")  # fmt: skip
+    ms = {side: [_front_end_ms(r[side]) for r in rs] for side in ("gateway", "vllm")}
+    med = {side: [round(statistics.median(x[i] for x in ms[side]), 2) for i in (0, 1)] for side in ms}
+    parts = (f"server CPU per completion (median of rounds): front end {med['gateway'][0]} ms (gateway) vs "
+             f"{med['vllm'][0]} ms (vLLM's server); engine core + worker {med['gateway'][1]} vs "
+             f"{med['vllm'][1]} ms")  # fmt: skip
+    return [["Gateway", what, got, "≥ 0.9", verdict],
+            ["Gateway parts", "where a gap is spent: the servers' CPU per completion, by process", parts,
+             "— (diagnostic)", "—"]]  # fmt: skip
 
 
 def _verdict_ci(values: list[float], goal: float) -> tuple[str, str]:
@@ -263,6 +300,8 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         return [["P5", what, got, "≥ 0.85", verdict],
                 ["P5 parts", "where the gap is: the same turns as plain back-to-back requests", split,
                  "— (diagnostic)", "—"]]  # fmt: skip
+    if name == "gateway":
+        return _gateway_rows(res)
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:

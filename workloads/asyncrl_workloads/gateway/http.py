@@ -42,6 +42,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from vllm.entrypoints.generate.base import protocol as base_protocol
 from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
 from vllm.entrypoints.openai.completion import protocol as completion_protocol
 from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, UsageInfo
@@ -152,7 +153,14 @@ class GatewayApp:
         return JSONResponse({**session, **group})
 
     async def models(self, request: Request) -> Response:
-        del request
+        """The job's policy (any model name is served: agents keep theirs); a session's or the admin key."""
+        key = self._bearer(request)
+        try:
+            if key is None or not hmac.compare_digest(key.encode(), self.admin_key.encode()):
+                self.g.session(request.path_params.get("session_id"), key)
+        except SessionError as exc:
+            self._count("models", exc.status)
+            return error(exc)
         card = ModelCard(id=self.g.s.model_name, owned_by="asyncrl", max_model_len=self.g.s.max_model_len)
         self._count("models", 200)
         return Response(ModelList(data=[card]).model_dump_json(), media_type="application/json")
@@ -195,7 +203,7 @@ class GatewayApp:
         chunk_id = "chatcmpl-" + session.id
 
         def chunk(
-            delta: chat_protocol.DeltaMessage | None, finish: str | None = None, usage: Any = None
+            delta: base_protocol.DeltaMessage | None, finish: str | None = None, usage: Any = None
         ) -> str:
             choices = [] if delta is None else [
                 chat_protocol.ChatCompletionResponseStreamChoice(index=0, delta=delta, finish_reason=finish)
@@ -205,22 +213,22 @@ class GatewayApp:
             )
             return body.model_dump_json(exclude_none=True)
 
-        yield chunk(chat_protocol.DeltaMessage(role="assistant", content=""))
+        yield chunk(base_protocol.DeltaMessage(role="assistant", content=""))
         async for item in self.g.stream(session, prep):
             if isinstance(item, str):
-                yield chunk(chat_protocol.DeltaMessage(content=item))
+                yield chunk(base_protocol.DeltaMessage(content=item))
                 continue
             chunk_id = item.id
             if prep.parse_tools:
                 deltas = [
-                    chat_protocol.DeltaToolCall(
+                    base_protocol.DeltaToolCall(
                         index=i, id=call["id"], type="function",
                         function=dict(call["function"]),
                     )
                     for i, call in enumerate(item.tool_calls)
                 ]  # fmt: skip
-                yield chunk(chat_protocol.DeltaMessage(content=item.content or None, tool_calls=deltas))
-            yield chunk(chat_protocol.DeltaMessage(), item.finish_reason)
+                yield chunk(base_protocol.DeltaMessage(content=item.content or None, tool_calls=deltas))
+            yield chunk(base_protocol.DeltaMessage(), item.finish_reason)
             options = prep.req.stream_options
             if options is not None and options.include_usage:
                 yield chunk(None, usage=_usage(item))
@@ -292,12 +300,12 @@ def _usage(generated: service_mod.Generated) -> UsageInfo:
 
 
 def _tool_calls(calls: list[dict[str, Any]]) -> list[Any]:
-    from vllm.entrypoints.generate.base.protocol import FunctionCall, ToolCall
-
     return [
-        ToolCall(
+        base_protocol.ToolCall(
             id=c["id"],
-            function=FunctionCall(name=c["function"]["name"], arguments=c["function"]["arguments"]),
+            function=base_protocol.FunctionCall(
+                name=c["function"]["name"], arguments=c["function"]["arguments"]
+            ),
         )
         for c in calls
     ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import logging
 import time
@@ -38,6 +39,7 @@ from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import worker as worker_mod
 from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
 from vllm.entrypoints.openai.completion import protocol as completion_protocol
+from vllm.exceptions import VLLMValidationError
 
 log = logging.getLogger(__name__)
 MAX_GROUP_SIZE = 256
@@ -292,7 +294,7 @@ class Gateway:
                 1, max_tokens, temperature, top_p, seed=req.seed, stop_token_ids=self.s.stop_token_ids,
                 stop=stop, stream=bool(req.stream),
             )  # fmt: skip
-        except ValueError as exc:  # vLLM's own checks of the sampling parameters
+        except (ValueError, VLLMValidationError) as exc:  # vLLM's own checks of the sampling parameters
             raise SessionError(400, str(exc), "invalid_value") from None
         return Prepared(
             req=req, episode=ep, parent=parent, params=params, generated_from=len(ep.response_ids)
@@ -344,7 +346,7 @@ class Gateway:
                     finish = "tool_calls"
         if c.token_ids and session.state == "open":
             ep.add_generated(c.token_ids, c.logprobs, c.versions)
-            assistant_msg = {"role": "assistant", "content": content}
+            assistant_msg: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 assistant_msg["tool_calls"] = calls
             if prep.messages is not None:
@@ -467,5 +469,7 @@ def _common_checks(req: Any) -> None:
 
 
 def _copy(ep: recorder.Episode) -> recorder.Episode:
-    columns = ("prompt_ids", "messages", "response_ids", "logprobs", "versions", "mask", "tool_calls")
-    return dataclasses.replace(ep, **{name: list(getattr(ep, name)) for name in columns})
+    copied = copy.copy(ep)
+    for name in ("prompt_ids", "messages", "response_ids", "logprobs", "versions", "mask", "tool_calls"):
+        setattr(copied, name, list(getattr(ep, name)))
+    return copied

@@ -175,11 +175,7 @@ class RolloutEngine:
             raise RuntimeError(f"engine returned nothing for request {request_id}")
         tokenizer = self.llm.get_tokenizer()
         return [
-            _completion(
-                c,
-                version_at_submit,
-                c.text if params.detokenize else tokenizer.decode(c.token_ids, skip_special_tokens=True),
-            )
+            _completion(c, version_at_submit, c.text if params.detokenize else _text(tokenizer, c))
             for c in sorted(final.outputs, key=lambda c: c.index)
         ]
 
@@ -334,6 +330,15 @@ def _unchunked_on_cpu(extra: dict[str, Any], max_model_len: int) -> dict[str, An
     if budget is not None and int(budget) < max_model_len:
         return extra
     return {**extra, "enable_chunked_prefill": False}
+
+
+def _text(tokenizer: Any, c: Any) -> str:
+    """The response text as vLLM's detokenizer would give it: special tokens skipped, and the token that
+    stopped the request (its EOS or a stop token id) left out (``IncrementalDetokenizer.update``)."""
+    ids = list(c.token_ids)
+    if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and ids:
+        ids.pop()
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def _completion(c: Any, fallback_version: int, text: str) -> Completion:

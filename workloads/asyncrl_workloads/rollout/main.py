@@ -161,11 +161,8 @@ def _is_gateway(cfg: config_mod.JobConfig) -> bool:
     return cfg.spec.agent is not None and cfg.spec.agent.loop == "gateway"
 
 
-ADMIN_KEY_ENV = "ASYNCRL_GATEWAY_ADMIN_KEY"
-"""The admin key: the operator renders it from spec.agent.gateway.adminKeySecret; the local runner sets
-it."""
-URL_ENV = "ASYNCRL_GATEWAY_URL"
-"""This replica's base URL as agents reach it (the operator renders the pod's DNS name)."""
+ADMIN_KEY_ENV = config_mod.GATEWAY_ADMIN_KEY_ENV
+URL_ENV = config_mod.GATEWAY_URL_ENV
 PORT_ENV = "ASYNCRL_GATEWAY_PORT"
 """Overrides spec.agent.gateway.port (the local runner: one port per replica on one host)."""
 

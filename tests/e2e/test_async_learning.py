@@ -17,23 +17,19 @@ job.json`, identity from env). Checked at the end:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pathlib
 import signal
-import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 
-import nats
 import pytest
 from asyncrl_api import config
-from asyncrl_testing import jobs
+from asyncrl_testing import jobs, learning
 from asyncrl_workloads import tinymodel
-from asyncrl_workloads.bus import subjects
 from asyncrl_workloads.local import natsserver, process
 from asyncrl_workloads.trainer import checkpoint
 from prometheus_client import parser
@@ -133,13 +129,7 @@ def scrape(port: int, name: str) -> float:
 
 
 def stream_state(url: str) -> tuple[int, int]:
-    async def go():
-        nc = await nats.connect(url)
-        info = await nc.jetstream().stream_info(subjects.stream_name("test", "e2e"))
-        await nc.close()
-        return info.state.last_seq, info.state.messages
-
-    return asyncio.run(go())
+    return learning.stream_state(url, "test", "e2e")
 
 
 def run_job(
@@ -227,22 +217,9 @@ def run_job(
     return {"steps": records, "produced": before, "stored": stored, "in_stream": in_stream, "agent": agent}
 
 
-def assert_rises(values: list[float], what: str) -> None:
-    """The last fifth's mean exceeds the first fifth's by > 3 standard errors (and by 0.05)."""
-    fifth = len(values) // 5
-    first, last = values[:fifth], values[-fifth:]
-    stderr = (statistics.variance(first) / fifth + statistics.variance(last) / fifth) ** 0.5
-    gain = statistics.mean(last) - statistics.mean(first)
-    print(
-        f"{what} first fifth {statistics.mean(first):.3f} last fifth {statistics.mean(last):.3f} "
-        f"gain {gain:.3f} ({gain / max(stderr, 1e-9):.1f} standard errors)"
-    )
-    assert gain > 3 * stderr and gain > 0.05, what
-
-
 def test_async_grpo_learns_with_bounded_staleness_and_consistent_accounting(tmp_path):
     run = run_job(tmp_path, "async", STEPS, MAX_STALENESS)
-    assert_rises([s["reward_mean"] for s in run["steps"]], "reward")  # learning, beyond noise
+    learning.assert_rises([s["reward_mean"] for s in run["steps"]], "reward")  # learning, beyond noise
     assert_async_run_is_consistent(tmp_path, run, STEPS)
 
 
@@ -326,8 +303,8 @@ def test_agent_loop_learns_to_call_the_tool_with_multi_turn_trajectories(tmp_pat
     logprobs of the generated tokens of fresh multi-turn samples equal the trainer's)."""
     run = run_job(tmp_path, "async", AGENT_STEPS, MAX_STALENESS, patch=AGENT, chat=True)
     steps = run["steps"]
-    assert_rises([sum(r > 0 for r in s["rewards"]) / len(s["rewards"]) for s in steps], "tool use")
-    assert_rises([s["reward_mean"] for s in steps], "reward")
+    learning.assert_rises([sum(r > 0 for r in s["rewards"]) / len(s["rewards"]) for s in steps], "tool use")
+    learning.assert_rises([s["reward_mean"] for s in steps], "reward")
     assert_async_run_is_consistent(tmp_path, run, AGENT_STEPS)
     episodes, calls = run["agent"]["asyncrl_agent_episodes_total"], run["agent"]["asyncrl_tool_calls_total"]
     assert episodes >= run["produced"] and calls > 0

@@ -1,0 +1,177 @@
+"""An agent of your own for an asyncrl agent-gateway job: the builtin `lookup` task over the OpenAI API.
+
+    asyncrl run examples/gateway-cpu.yaml          # prints the gateway URL and admin key, then:
+    ASYNCRL_GATEWAY_URL=http://127.0.0.1:8100 ASYNCRL_GATEWAY_ADMIN_KEY=... \\
+        python examples/agents/lookup_agent.py [--n 4] [--groups N] [--concurrency 8]
+
+It imports nothing of asyncrl (only the `openai` SDK and `httpx`): it stands for an agent that lives
+outside the trainer, as yours would. The job learns from what it does:
+
+1. Open a group of n sessions of the job's next task with the admin key (`POST /rl/groups {"n": n}`;
+   a 429 means the trainer wants no more data now: wait Retry-After and ask again). The answer holds
+   the task's record (`record`: here `{"prompt": "secret?", "secret": "c"}`), its chat `messages`, and
+   per session a `base_url` and `api_key` for the unmodified OpenAI client.
+2. For each session, concurrently, a tool loop: `chat.completions.create(messages, tools=[lookup])`; if
+   the reply calls `lookup`, run it here (it returns the record's secret letter), append the assistant
+   message and the tool message and ask again, up to 3 assistant turns.
+3. Score the session (as the builtin task does: 1.0 the tool answered and the final answer starts with
+   the secret, 0.3 it starts with another letter of "abcdefgh", 0.2 the tool answered, 0.0 otherwise),
+   `POST <session>/rl/reward {"reward": r, "session": true}`, then `POST <session>/rl/end`. When every
+   session of the group has ended, the group's trajectories go to the trainer.
+
+One line per group (its mean reward); stops after --groups groups, or on Ctrl-C / SIGTERM (sessions
+still open then expire on the gateway and are never trained on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import httpx
+import openai
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Return the secret letter of this question.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+ALPHABET = "abcdefgh"
+MAX_TURNS = 3
+CONNECT_WAIT_S = 600.0  # the gateway serves once the rollout's engine is up (a minute or so on CPU)
+
+
+def score(secret: str, called: bool, answer: str) -> float:
+    """The builtin lookup task's graded reward."""
+    if not called:
+        return 0.0
+    text = answer.lstrip()
+    if text[:1] == secret:
+        return 1.0
+    if text[:1] and text[0] in ALPHABET:
+        return 0.3
+    return 0.2
+
+
+async def open_group(http: httpx.AsyncClient, url: str, admin_key: str, n: int) -> dict[str, Any]:
+    """POST /rl/groups until admitted: 429 (and 503) wait Retry-After; a gateway not up yet is waited for."""
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while True:
+        try:
+            response = await http.post(
+                f"{url}/rl/groups", json={"n": n}, headers={"Authorization": f"Bearer {admin_key}"}
+            )
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+            continue
+        if response.status_code in (429, 503):
+            await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+            continue
+        response.raise_for_status()
+        group: dict[str, Any] = response.json()
+        return group
+
+
+async def run_session(http: httpx.AsyncClient, group: dict[str, Any], session: dict[str, Any]) -> float:
+    """One episode through the OpenAI client; the session's reward is set and the session ended."""
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], http_client=http)
+    secret = str(group["record"]["secret"])
+    messages: list[dict[str, Any]] = list(group["messages"])
+    called, answer = False, ""
+    try:
+        for turn in range(1, MAX_TURNS + 1):
+            reply = await client.chat.completions.create(model="lookup-agent", messages=messages, tools=TOOLS)
+            choice = reply.choices[0]
+            answer = choice.message.content or ""
+            if not choice.message.tool_calls or choice.finish_reason == "length" or turn == MAX_TURNS:
+                break
+            messages.append(choice.message.model_dump(exclude_none=True))
+            for call in choice.message.tool_calls:
+                name = call.function.name if call.type == "function" else call.type
+                output = secret if name == "lookup" else f"unknown tool {name!r}"
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+                called = called or name == "lookup"  # its output reaches the model with the next call
+    except openai.APIStatusError as exc:
+        print(f"session {session['session_id']}: {exc.status_code} {exc.message}", file=sys.stderr)
+    reward = score(secret, called, answer)
+    base = session["base_url"].removesuffix("/v1")
+    auth = {"Authorization": f"Bearer {session['api_key']}"}
+    for path, body in (("/rl/reward", {"reward": reward, "session": True}), ("/rl/end", None)):
+        for attempt in range(3):  # a pooled connection the server just closed: send it again
+            try:
+                response = await http.post(base + path, json=body, headers=auth)
+                break
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
+        if response.status_code >= 400:
+            print(f"session {session['session_id']}: {path} {response.status_code}", file=sys.stderr)
+    return reward
+
+
+async def worker(args: argparse.Namespace, http: httpx.AsyncClient, tickets: dict[str, int]) -> None:
+    while args.groups is None or tickets["started"] < args.groups:
+        tickets["started"] += 1
+        group = await open_group(http, args.url, args.admin_key, args.n)
+        rewards = await asyncio.gather(*(run_session(http, group, s) for s in group["sessions"]))
+        tickets["done"] += 1
+        mean = sum(rewards) / len(rewards)
+        print(
+            f"group {group['group_id']} ({tickets['done']} done): mean reward {mean:.3f} "
+            f"[{' '.join(f'{r:.1f}' for r in rewards)}]",
+            flush=True,
+        )
+
+
+async def main(args: argparse.Namespace) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    # idle connections are dropped well before the server's keep-alive timeout (uvicorn's 5 s), so a
+    # request is rarely sent on a connection the server is closing at that moment
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits) as http:
+        tickets = {"started": 0, "done": 0}
+        await asyncio.gather(*(worker(args, http, tickets) for _ in range(args.concurrency)))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--url", default=os.environ.get("ASYNCRL_GATEWAY_URL"), help="gateway URL (replica 0)"
+    )
+    parser.add_argument("--admin-key", default=os.environ.get("ASYNCRL_GATEWAY_ADMIN_KEY"))
+    parser.add_argument("--n", type=int, default=4, help="sessions per group (a GRPO group)")
+    parser.add_argument(
+        "--groups", type=int, default=None, help="stop after this many groups (default: never)"
+    )
+    parser.add_argument("--concurrency", type=int, default=8, help="groups at once")
+    args = parser.parse_args(argv)
+    if not args.url or not args.admin_key:
+        parser.error("set ASYNCRL_GATEWAY_URL and ASYNCRL_GATEWAY_ADMIN_KEY (or --url and --admin-key)")
+    args.url = args.url.rstrip("/")
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    try:
+        asyncio.run(main(arguments))
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C: the shell's convention
+    except asyncio.CancelledError:
+        sys.exit(143)  # SIGTERM

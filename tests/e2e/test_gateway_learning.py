@@ -1,0 +1,170 @@
+"""An agent outside the package teaches the model through the gateway: `asyncrl run` of
+examples/gateway-cpu.yaml (1 rollout replica, the trainer, the embedded nats-server) and the example
+agent examples/agents/lookup_agent.py as a process of its own, pointed at the run with the URL and admin
+key the runner wrote to gateway.json (as a user would from what it prints). The agent opens groups,
+runs its tool loop with the unmodified openai SDK, rewards each session itself and ends it.
+
+Checked, once the trainer has made STEPS steps and the agent was stopped (Ctrl-C) and everything is
+quiet:
+- learning: the trainer's per-step mean reward of the last fifth exceeds the first fifth by > 3
+  standard errors;
+- conservation: trajectories produced (the rollout's counter) = stored in the stream = consumed +
+  dropped (the trainer's counters) + still in the stream;
+- the gateway's own books: sessions started = ended + expired + still open, every group the agent
+  finished was answered 200 throughout, and no request got a 5xx;
+- the runner stops the run on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from asyncrl_testing import jobs, learning
+from asyncrl_workloads.local import process
+
+pytestmark = pytest.mark.e2e
+REPO = pathlib.Path(__file__).resolve().parents[2]
+AGENT = REPO / "examples" / "agents" / "lookup_agent.py"
+STEPS = 20
+GROUP = 8  # sessions per group, as the job's samplesPerPrompt
+DEADLINE_S = 780
+
+
+def _write_job(tmp_path: pathlib.Path) -> pathlib.Path:
+    body = jobs.load_example("gateway-cpu.yaml")
+    spec = body["spec"]
+    spec["model"]["path"] = str(tmp_path / "model")
+    spec["rollout"]["replicas"] = 1  # the agent opens every session at replica 0's URL
+    spec["agent"]["gateway"]["port"] = process.free_port()
+    spec["maxSteps"] = STEPS * 10  # the test ends the run: quiet first, then Ctrl-C
+    spec["progress"]["reportIntervalSeconds"] = 1
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def _wait(what: str, predicate, procs: dict[str, subprocess.Popen], logs: pathlib.Path, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, proc in procs.items():
+            assert proc.poll() is None, f"{name} exited {proc.returncode} waiting for {what}\n{_tail(logs)}"
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}\n{_tail(logs)}")
+
+
+def _tail(logs: pathlib.Path) -> str:
+    return "\n".join(
+        f"== {p.name}\n" + "".join(p.read_text(errors="replace").splitlines(True)[-20:])
+        for p in sorted(logs.glob("*.log"))
+    )
+
+
+def _quiet(ports: list[int]) -> list[set[learning.Sample]]:
+    """The processes' counters once two scrapes 2 s apart agree (nothing moves any more)."""
+    names = ("asyncrl_trajectories_", "asyncrl_gateway_sessions", "asyncrl_gateway_requests_total")
+
+    def counters() -> list[set[learning.Sample]]:
+        return [learning.metric_samples(port, names) for port in ports]
+
+    before = counters()
+    for _ in range(30):
+        time.sleep(2)
+        after = counters()
+        if after == before:
+            return after
+        before = after
+    raise AssertionError("the run never went quiet")
+
+
+def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway(tmp_path):
+    started = time.monotonic()
+    run_dir, logs = tmp_path / "run", tmp_path / "run" / "logs"
+    runner_log = (tmp_path / "runner.log").open("w")
+    agent_log = (tmp_path / "agent.log").open("w")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
+    }
+    env.pop("ASYNCRL_GATEWAY_ADMIN_KEY", None)  # the runner makes one for this run
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl_workloads.cli", "run", str(_write_job(tmp_path)),
+         "--run-dir", str(run_dir), "--poll", "1", "--timeout", str(DEADLINE_S)],
+        cwd=REPO, env=env, stdout=runner_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    procs = {"runner": runner}
+    agent = None
+    try:
+        info_path = run_dir / "gateway.json"
+        _wait("gateway.json", info_path.exists, procs, logs, 120)
+        info = json.loads(info_path.read_text())
+        assert oct(info_path.stat().st_mode & 0o777) == "0o600"
+        agent = subprocess.Popen(
+            [sys.executable, str(AGENT), "--n", str(GROUP), "--concurrency", "8"],
+            cwd=REPO, env={**env, **info["env"]}, stdout=agent_log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        procs["agent"] = agent
+        steps_log = run_dir / "steps.jsonl"
+
+        def trained() -> bool:
+            return steps_log.exists() and len(steps_log.read_text().splitlines()) >= STEPS
+
+        _wait(f"{STEPS} trainer steps", trained, procs, logs, DEADLINE_S - (time.monotonic() - started))
+        trained_s = time.monotonic() - started
+        agent.send_signal(signal.SIGINT)
+        assert agent.wait(timeout=30) == 130
+        pods = {p["role"]: p["metricsPort"] for p in json.loads((run_dir / "pods.json").read_text())}
+        rollout, trainer = _quiet([pods["rollout"], pods["trainer"]])
+        nats_url = json.loads((run_dir / "job.json").read_text())["endpoints"]["natsUrl"]
+        stored, in_stream = learning.stream_state(nats_url, "default", "gw")
+        runner.send_signal(signal.SIGINT)
+        assert runner.wait(timeout=90) == 130
+    finally:
+        for proc in (agent, runner):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        runner_log.close()
+        agent_log.close()
+    print(
+        f"{STEPS} steps trained {trained_s:.0f} s after start; whole test {time.monotonic() - started:.0f} s"
+    )
+    agent_output = (tmp_path / "agent.log").read_text()
+    assert "group g" in agent_output, agent_output[-3000:]
+
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    learning.assert_rises([s["reward_mean"] for s in steps], "reward")
+
+    # conservation: every trajectory the rollout published is stored once, and trained, dropped or queued
+    produced = learning.total(rollout, "asyncrl_trajectories_produced_total")
+    consumed = learning.total(trainer, "asyncrl_trajectories_consumed_total")
+    dropped = learning.total(trainer, "asyncrl_trajectories_dropped_total")
+    assert produced == stored > 0
+    assert stored == consumed + dropped + in_stream, (stored, consumed, dropped, in_stream)
+    assert consumed >= sum(len(s["ids"]) for s in steps[:STEPS])
+
+    # the gateway's books: every session accounted for, no server error
+    sessions = {
+        state: learning.total(rollout, "asyncrl_gateway_sessions_total", state=state)
+        for state in ("started", "ended", "expired", "aborted")
+    }
+    active = learning.total(rollout, "asyncrl_gateway_sessions_active")
+    assert sessions["started"] == sessions["ended"] + sessions["expired"] + active, (sessions, active)
+    assert sessions["ended"] >= produced and sessions["aborted"] == 0
+    codes = {
+        (dict(labels)["route"], dict(labels)["code"]): value
+        for name, labels, value in rollout
+        if name == "asyncrl_gateway_requests_total" and value
+    }
+    assert not [key for key in codes if key[1].startswith("5")], codes
+    assert codes[("groups", "200")] >= produced / GROUP and codes[("chat", "200")] >= produced, codes
+    assert (run_dir / "summary.json").exists()

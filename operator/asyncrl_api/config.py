@@ -29,6 +29,8 @@ a secretKeyRef (a secret, so never in the config file)."""
 GATEWAY_URL_ENV = "ASYNCRL_GATEWAY_URL"
 """Env var of a gateway job's rollout pods: the pod's own gateway URL (its DNS name through the rollout's
 headless Service), handed to agents for the sessions it opens (pod identity, so not in the config file)."""
+GATEWAY_PORT_ENV = "ASYNCRL_GATEWAY_PORT"
+"""Overrides spec.agent.gateway.port: the local runner gives each replica on one host its own port."""
 
 
 class Endpoints(base.APIModel):

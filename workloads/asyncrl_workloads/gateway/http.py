@@ -347,9 +347,12 @@ async def serve(
     """Serve until ``stop``; then open sessions are aborted (counted) and ``abort`` (the worker's
     ``abort_generating``) drops the groups still waiting for them: a group is published whole or not at
     all."""
+    # Keep-alive well above the 5 s idle expiry of httpx (the openai SDK's client): with equal timeouts a
+    # client may send on a connection the server is closing that moment (seen as ReadError in the e2e).
     config = uvicorn.Config(
-        app.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
-    )
+        app.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+        timeout_keep_alive=75,
+    )  # fmt: skip
     server = _Server(config)
     expiry = asyncio.create_task(app.g.expire_loop(stop))
     serving = asyncio.create_task(server.serve(sockets=[sock]))

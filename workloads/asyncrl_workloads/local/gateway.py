@@ -27,7 +27,7 @@ ADMIN_KEY_ENV = config.GATEWAY_ADMIN_KEY_ENV
 """The admin key, in a rollout's env (rollout/main.py reads it) and in the user's (reused if set)."""
 URL_ENV = config.GATEWAY_URL_ENV
 """A rollout replica's base URL as agents reach it (rollout/main.py hands it out with each session)."""
-PORT_ENV = "ASYNCRL_GATEWAY_PORT"
+PORT_ENV = config.GATEWAY_PORT_ENV
 """A rollout replica's gateway port (rollout/main.py: overrides spec.agent.gateway.port)."""
 INFO_FILE = "gateway.json"
 AGENT_SCRIPT = "examples/agents/lookup_agent.py"

@@ -163,8 +163,7 @@ def _is_gateway(cfg: config_mod.JobConfig) -> bool:
 
 ADMIN_KEY_ENV = config_mod.GATEWAY_ADMIN_KEY_ENV
 URL_ENV = config_mod.GATEWAY_URL_ENV
-PORT_ENV = "ASYNCRL_GATEWAY_PORT"
-"""Overrides spec.agent.gateway.port (the local runner: one port per replica on one host)."""
+PORT_ENV = config_mod.GATEWAY_PORT_ENV
 
 
 def gateway_parts(cfg: config_mod.JobConfig) -> tuple[str, socket.socket]:

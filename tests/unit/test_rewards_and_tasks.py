@@ -214,6 +214,15 @@ def _episode(*outcomes: str) -> Any:
     return types.SimpleNamespace(tool_calls=[tools.CallResult("lookup", o, "c", 0.0) for o in outcomes])
 
 
+def _gateway_episode(*tool_contents: str) -> Any:
+    """A gateway session's episode: no recorded calls (the agent ran them), its conversation only."""
+    messages = [{"role": "user", "content": "secret?"}]
+    for content in tool_contents:
+        messages += [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]},
+                     {"role": "tool", "tool_call_id": "1", "content": content}]  # fmt: skip
+    return types.SimpleNamespace(tool_calls=[], messages=messages)
+
+
 @pytest.mark.parametrize(
     ("response", "episode", "expected"),
     [
@@ -226,6 +235,10 @@ def _episode(*outcomes: str) -> Any:
         ("c", _episode(), 0.0),
         ("c", _episode("error", "timeout", "bad_arguments", "unknown_tool", "malformed"), 0.0),
         ("c", None, 0.0),
+        ("c", _gateway_episode("c"), 1.0),
+        ("a", _gateway_episode("error: boom", "c"), 0.3),
+        ("c", _gateway_episode("error: the tool call could not be parsed"), 0.0),
+        ("c", _gateway_episode(), 0.0),
     ],
     ids=[
         "right-letter",
@@ -237,6 +250,10 @@ def _episode(*outcomes: str) -> Any:
         "no-call",
         "no-successful-call",
         "single-turn",
+        "gateway-right-letter",
+        "gateway-other-letter",
+        "gateway-only-errors",
+        "gateway-no-call",
     ],
 )
 def test_lookup_reward_grades_the_answer_only_after_a_successful_call(

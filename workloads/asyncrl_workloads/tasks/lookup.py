@@ -43,8 +43,16 @@ def lookup(record: Mapping[str, Any]) -> str:
 
 
 def called(episode: Any) -> bool:
-    """Whether any tool call of the episode succeeded (its output reached the model)."""
-    return any(r.outcome == "ok" for r in getattr(episode, "tool_calls", ()))
+    """Whether any tool call of the episode succeeded (its output reached the model). The agent loop records
+    each call's outcome; a gateway session's tools ran in the agent, so there a tool message in the
+    conversation whose content is not an error (``error: ...``, as the loop words failures) counts."""
+    results = getattr(episode, "tool_calls", ())
+    if results:
+        return any(r.outcome == "ok" for r in results)
+    return any(
+        m.get("role") == "tool" and not str(m.get("content") or "").startswith("error")
+        for m in getattr(episode, "messages", ())
+    )
 
 
 def reward(record: Mapping[str, Any], response: str, episode: Any = None) -> float:

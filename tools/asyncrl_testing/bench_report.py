@@ -186,6 +186,11 @@ def _gateway_rows(res: dict[str, Any] | None) -> list[list[str]]:
     parts = (f"server CPU per completion (median of rounds): front end {med['gateway'][0]} ms (gateway) vs "
              f"{med['vllm'][0]} ms (vLLM's server); engine core + worker {med['gateway'][1]} vs "
              f"{med['vllm'][1]} ms")  # fmt: skip
+    if "others_core_share" in rs[0]["gateway"]:
+        share = {k: statistics.median(r[side][k] for r in rs for side in ("gateway", "vllm"))
+                 for k in ("server_core_share", "others_core_share")}  # fmt: skip
+        parts += (f"; the server used {share['server_core_share']:.0%} of its core, other processes "
+                  f"{share['others_core_share']:.0%} (medians)")  # fmt: skip
     return [["Gateway", what, got, "≥ 0.9", verdict],
             ["Gateway parts", "where a gap is spent: the servers' CPU per completion, by process", parts,
              "— (diagnostic)", "—"]]  # fmt: skip

@@ -2,7 +2,7 @@
 
     asyncrl run examples/gateway-cpu.yaml          # prints the gateway URL and admin key, then:
     ASYNCRL_GATEWAY_URL=http://127.0.0.1:8100 ASYNCRL_GATEWAY_ADMIN_KEY=... \\
-        python examples/agents/lookup_agent.py [--n 4] [--groups N] [--concurrency 8]
+        python examples/agents/lookup_agent.py [--n 4] [--groups N] [--concurrency 8] [--stream]
 
 It imports nothing of asyncrl (only the `openai` SDK and `httpx`): it stands for an agent that lives
 outside the trainer, as yours would. The job learns from what it does:
@@ -11,9 +11,10 @@ outside the trainer, as yours would. The job learns from what it does:
    a 429 means the trainer wants no more data now: wait Retry-After and ask again). The answer holds
    the task's record (`record`: here `{"prompt": "secret?", "secret": "c"}`), its chat `messages`, and
    per session a `base_url` and `api_key` for the unmodified OpenAI client.
-2. For each session, concurrently, a tool loop: `chat.completions.create(messages, tools=[lookup])`; if
-   the reply calls `lookup`, run it here (it returns the record's secret letter), append the assistant
-   message and the tool message and ask again, up to 3 assistant turns.
+2. For each session, concurrently, a tool loop: `chat.completions.create(messages, tools=[lookup])`
+   (with --stream, `stream=True` and the reply assembled from the chunks); if the reply calls `lookup`,
+   run it here (it returns the record's secret letter), append the assistant message and the tool
+   message and ask again, up to 3 assistant turns.
 3. Score the session (as the builtin task does: 1.0 the tool answered and the final answer starts with
    the secret, 0.3 it starts with another letter of "abcdefgh", 0.2 the tool answered, 0.0 otherwise),
    `POST <session>/rl/reward {"reward": r, "session": true}`, then `POST <session>/rl/end`. When every
@@ -84,7 +85,34 @@ async def open_group(http: httpx.AsyncClient, url: str, admin_key: str, n: int) 
         return group
 
 
-async def run_session(http: httpx.AsyncClient, group: dict[str, Any], session: dict[str, Any]) -> float:
+async def complete(
+    client: openai.AsyncOpenAI, messages: list[dict[str, Any]], stream: bool
+) -> tuple[dict[str, Any], str | None]:
+    """One call: the assistant message (as the next request sends it back) and why it finished."""
+    request: dict[str, Any] = {"model": "lookup-agent", "messages": messages, "tools": TOOLS}
+    if not stream:
+        choice = (await client.chat.completions.create(**request)).choices[0]
+        return choice.message.model_dump(exclude_none=True), choice.finish_reason
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    async for chunk in await client.chat.completions.create(**request, stream=True):
+        for choice in chunk.choices:
+            message["content"] += choice.delta.content or ""
+            for delta in choice.delta.tool_calls or []:  # id and name first, the arguments in pieces
+                call = calls.setdefault(delta.index, {"type": "function", "function": {"arguments": ""}})
+                call.setdefault("id", delta.id)
+                if delta.function is not None:
+                    call["function"].setdefault("name", delta.function.name)
+                    call["function"]["arguments"] += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, finish
+
+
+async def run_session(
+    http: httpx.AsyncClient, group: dict[str, Any], session: dict[str, Any], stream: bool
+) -> float:
     """One episode through the OpenAI client; the session's reward is set and the session ended."""
     client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], http_client=http)
     secret = str(group["record"]["secret"])
@@ -92,16 +120,15 @@ async def run_session(http: httpx.AsyncClient, group: dict[str, Any], session: d
     called, answer = False, ""
     try:
         for turn in range(1, MAX_TURNS + 1):
-            reply = await client.chat.completions.create(model="lookup-agent", messages=messages, tools=TOOLS)
-            choice = reply.choices[0]
-            answer = choice.message.content or ""
-            if not choice.message.tool_calls or choice.finish_reason == "length" or turn == MAX_TURNS:
+            message, finish = await complete(client, messages, stream)
+            answer = message.get("content") or ""
+            if not message.get("tool_calls") or finish == "length" or turn == MAX_TURNS:
                 break
-            messages.append(choice.message.model_dump(exclude_none=True))
-            for call in choice.message.tool_calls:
-                name = call.function.name if call.type == "function" else call.type
+            messages.append(message)
+            for call in message["tool_calls"]:
+                name = call["function"]["name"] if call["type"] == "function" else call["type"]
                 output = secret if name == "lookup" else f"unknown tool {name!r}"
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
                 called = called or name == "lookup"  # its output reaches the model with the next call
     except openai.APIStatusError as exc:
         print(f"session {session['session_id']}: {exc.status_code} {exc.message}", file=sys.stderr)
@@ -125,7 +152,7 @@ async def worker(args: argparse.Namespace, http: httpx.AsyncClient, tickets: dic
     while args.groups is None or tickets["started"] < args.groups:
         tickets["started"] += 1
         group = await open_group(http, args.url, args.admin_key, args.n)
-        rewards = await asyncio.gather(*(run_session(http, group, s) for s in group["sessions"]))
+        rewards = await asyncio.gather(*(run_session(http, group, s, args.stream) for s in group["sessions"]))
         tickets["done"] += 1
         mean = sum(rewards) / len(rewards)
         print(
@@ -160,6 +187,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--groups", type=int, default=None, help="stop after this many groups (default: never)"
     )
     parser.add_argument("--concurrency", type=int, default=8, help="groups at once")
+    parser.add_argument("--stream", action="store_true", help="stream the completions (stream=True)")
     args = parser.parse_args(argv)
     if not args.url or not args.admin_key:
         parser.error("set ASYNCRL_GATEWAY_URL and ASYNCRL_GATEWAY_ADMIN_KEY (or --url and --admin-key)")

@@ -2,10 +2,15 @@
 examples/gateway-cpu.yaml (1 rollout replica, the trainer, the embedded nats-server) and the example
 agent examples/agents/lookup_agent.py as a process of its own, pointed at the run with the URL and admin
 key the runner wrote to gateway.json (as a user would from what it prints). The agent opens groups,
-runs its tool loop with the unmodified openai SDK, rewards each session itself and ends it.
+runs its tool loop with the unmodified openai SDK (streamed: `--stream`), rewards each session itself
+and ends it. A real Prometheus (asyncrl_testing.prometheus) scrapes the run's processes every second.
 
-Checked, once the trainer has made STEPS steps and the agent was stopped (Ctrl-C) and everything is
-quiet:
+Checked, once the trainer has made STEPS steps:
+- the job dashboard's "Agent gateway" row (the row tests/e2e/test_observability.py leaves out): every
+  panel query, Grafana's variables filled, answers a number -- not nothing, nor NaN (a quantile of a
+  histogram without observations); the agent streams so that time to first token is observed;
+
+and once the agent was stopped (Ctrl-C) and everything is quiet:
 - learning: the trainer's per-step mean reward of the last fifth exceeds the first fifth by > 3
   standard errors;
 - conservation: trajectories produced (the rollout's counter) = stored in the stream = consumed +
@@ -27,7 +32,8 @@ import time
 
 import pytest
 import yaml
-from asyncrl_testing import jobs, learning
+from asyncrl_testing import dashboards, jobs, learning
+from asyncrl_testing import prometheus as prometheus_server
 from asyncrl_workloads.local import process
 
 pytestmark = pytest.mark.e2e
@@ -36,6 +42,7 @@ AGENT = REPO / "examples" / "agents" / "lookup_agent.py"
 STEPS = 20
 GROUP = 8  # sessions per group, as the job's samplesPerPrompt
 DEADLINE_S = 780
+NAMESPACE, JOB = "default", "gw"  # the local runner's namespace, gateway-cpu.yaml's name
 
 
 def _write_job(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -87,6 +94,13 @@ def _quiet(ports: list[int]) -> list[set[learning.Sample]]:
     raise AssertionError("the run never went quiet")
 
 
+def _shown(result: list[dict]) -> str:
+    """A query's answer as a panel's legend would show it: labels=value for each series."""
+    return ", ".join(
+        f"{','.join(s['metric'].values()) or 'value'}={float(s['value'][1]):.3g}" for s in result
+    )
+
+
 def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway(tmp_path):
     started = time.monotonic()
     run_dir, logs = tmp_path / "run", tmp_path / "run" / "logs"
@@ -103,14 +117,18 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         cwd=REPO, env=env, stdout=runner_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     procs = {"runner": runner}
-    agent = None
+    agent = prom = None
     try:
         info_path = run_dir / "gateway.json"
         _wait("gateway.json", info_path.exists, procs, logs, 120)
         info = json.loads(info_path.read_text())
         assert oct(info_path.stat().st_mode & 0o777) == "0o600"
+        described = json.loads((run_dir / "pods.json").read_text())  # written before gateway.json
+        pods = {p["role"]: p["metricsPort"] for p in described}
+        targets = [f"127.0.0.1:{p['metricsPort']}" for p in described]
+        prom = prometheus_server.start(targets, honor_labels=True)  # keep the run's job/namespace labels
         agent = subprocess.Popen(
-            [sys.executable, str(AGENT), "--n", str(GROUP), "--concurrency", "8"],
+            [sys.executable, str(AGENT), "--n", str(GROUP), "--concurrency", "8", "--stream"],
             cwd=REPO, env={**env, **info["env"]}, stdout=agent_log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         procs["agent"] = agent
@@ -121,23 +139,34 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
 
         _wait(f"{STEPS} trainer steps", trained, procs, logs, DEADLINE_S - (time.monotonic() - started))
         trained_s = time.monotonic() - started
+        board = dashboards.load(dashboards.JOB_BOARD)
+        panels = [
+            (title, dashboards.substitute(expr, NAMESPACE, JOB))
+            for title, expr in dashboards.panel_queries(board, only_rows=(dashboards.GATEWAY_ROW,))
+        ]
+        no_data = dashboards.without_data(prom, panels, timeout=60, shows=dashboards.has_number)
+        shown = [f"{title}: {_shown(prom.query(expr))}" for title, expr in panels]
         agent.send_signal(signal.SIGINT)
         assert agent.wait(timeout=30) == 130
-        pods = {p["role"]: p["metricsPort"] for p in json.loads((run_dir / "pods.json").read_text())}
         rollout, trainer = _quiet([pods["rollout"], pods["trainer"]])
         nats_url = json.loads((run_dir / "job.json").read_text())["endpoints"]["natsUrl"]
-        stored, in_stream = learning.stream_state(nats_url, "default", "gw")
+        stored, in_stream = learning.stream_state(nats_url, NAMESPACE, JOB)
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=90) == 130
     finally:
         for proc in (agent, runner):
             if proc is not None and proc.poll() is None:
                 proc.kill()
+        if prom is not None:
+            prom.stop()
         runner_log.close()
         agent_log.close()
     print(
         f"{STEPS} steps trained {trained_s:.0f} s after start; whole test {time.monotonic() - started:.0f} s"
     )
+    print("the Agent gateway row:\n  " + "\n  ".join(shown))
+    assert panels, f"the job dashboard has no {dashboards.GATEWAY_ROW!r} row"
+    assert not no_data, "panels without data:\n" + "\n".join(no_data)
     agent_output = (tmp_path / "agent.log").read_text()
     assert "group g" in agent_output, agent_output[-3000:]
 

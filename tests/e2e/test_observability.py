@@ -12,11 +12,12 @@
 - Prometheus (Debian package) with `honor_labels` (as the chart's monitors) and the chart's rendered
   PrometheusRule groups loaded as its rule file (stall window shortened through chart values).
 
-Checked: every panel query of both dashboards, with Grafana's variables filled from what Prometheus
-holds, returns a non-empty result; every metric a dashboard names is present in the scrape; the run
-really did work (steps, syncs, rewards, tokens, tool calls and episodes counted); and a fault -- the
-trainer process stopped (SIGSTOP) while rollouts keep running -- makes AsyncRLTrainerStalled fire
-through Prometheus' own rule evaluation, after it was silent before the fault.
+Checked: every panel query of both dashboards (but the agent gateway's row, `SKIPPED_ROWS`), with
+Grafana's variables filled from what Prometheus holds, returns a non-empty result; every metric a
+dashboard names is present in the scrape; the run really did work (steps, syncs, rewards, tokens, tool
+calls and episodes counted); and a fault -- the trainer process stopped (SIGSTOP) while rollouts keep
+running -- makes AsyncRLTrainerStalled fire through Prometheus' own rule evaluation, after it was
+silent before the fault.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 from asyncrl_testing import cluster as cluster_mod
-from asyncrl_testing import cluster_bins, cluster_wait, jobs, operator_proc
+from asyncrl_testing import cluster_bins, cluster_wait, dashboards, jobs, operator_proc
 from asyncrl_testing import prometheus as prometheus_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.dataplane]
@@ -44,36 +44,12 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "asyncrl-operator"
 JOB_FILE = REPO / "examples" / "agent-cpu.yaml"
 JOB = yaml.safe_load(JOB_FILE.read_text())["metadata"]["name"]
-DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 STALL_WINDOW = "40s"
-RATE_WINDOW = "30s"
 
 
-GATEWAY_ROW = "Agent gateway"
+SKIPPED_ROWS = (dashboards.GATEWAY_ROW,)
 """Filled only by a `agent.loop: gateway` job, which this run is not (a job has one loop): its panels are
 checked against a real Prometheus by tests/e2e/test_gateway_learning.py."""
-
-
-def panel_queries(
-    board: dict[str, Any], skip_rows: tuple[str, ...] = (GATEWAY_ROW,)
-) -> list[tuple[str, str]]:
-    """(panel title, expr) for every target of every panel, except those of the rows ``skip_rows``."""
-    out = []
-    row = ""
-    for item in board["panels"]:
-        if item["type"] == "row":
-            row = item["title"]
-        if row in skip_rows:
-            continue
-        for panel in item.get("panels", []) if item["type"] == "row" else [item]:
-            out += [(panel["title"], t["expr"]) for t in panel["targets"]]
-    return out
-
-
-def substitute(expr: str, namespace: str, job: str) -> str:
-    for var, value in {"$__rate_interval": RATE_WINDOW, "$namespace": namespace, "$job": job}.items():
-        expr = expr.replace(var, value)
-    return expr
 
 
 def rendered_rules(tmp: pathlib.Path) -> pathlib.Path:
@@ -208,22 +184,19 @@ def test_every_dashboard_panel_query_returns_data(prometheus: prometheus_server.
     assert labels, "the job variable's query found no job"
     namespace, job = labels[0]["metric"]["namespace"], labels[0]["metric"]["job"]
     assert (namespace, job) == ("default", JOB)
-    empty: list[str] = []
-    deadline = time.monotonic() + 60
-    for path in DASHBOARDS:
-        for title, expr in panel_queries(json.loads(path.read_text())):
-            query = substitute(expr, namespace, job)
-            while not prometheus.query(query) and time.monotonic() < deadline:
-                time.sleep(1)
-            if not prometheus.query(query):
-                empty.append(f"{path.name} / {title}: {query}")
+    queries = [
+        (f"{path.name} / {title}", dashboards.substitute(expr, namespace, job))
+        for path in dashboards.DASHBOARDS
+        for title, expr in dashboards.panel_queries(dashboards.load(path), skip_rows=SKIPPED_ROWS)
+    ]
+    empty = dashboards.without_data(prometheus, queries, timeout=60)
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
 def test_every_metric_the_dashboards_name_is_in_the_scrape(prometheus: prometheus_server.Prometheus) -> None:
     names = set()  # tests/unit/test_dashboards.py proves every series name in a query starts with asyncrl_
-    for path in DASHBOARDS:
-        for _, expr in panel_queries(json.loads(path.read_text())):
+    for path in dashboards.DASHBOARDS:
+        for _, expr in dashboards.panel_queries(dashboards.load(path), skip_rows=SKIPPED_ROWS):
             names |= set(re.findall(r"\basyncrl_[a-z0-9_]+", expr))
     assert len(names) >= 15  # sanity: the extraction found the dashboards' metrics
     missing = sorted(n for n in names if not prometheus.query(f'count({{__name__="{n}"}})'))

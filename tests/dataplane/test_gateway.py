@@ -432,6 +432,28 @@ def test_a_group_waits_for_a_free_slot_with_429_and_retry_after(
         shut(host, served)
 
 
+def test_a_stopping_replica_aborts_open_sessions_and_publishes_no_half_group(
+    host: Any, engine: Any, tokenizer: Any
+) -> None:
+    """SIGTERM (scale-down, node drain) while a group has one session ended and one open: nothing of the
+    group is published (a group goes out whole), both sessions' books close (ended 1, aborted 1), and the
+    group already complete before the stop was published whole."""
+    served = serve(host, engine, tokenizer, "gw-stop")
+    m = served.gateway.m
+    try:
+        whole, half = open_group(served, n=2), open_group(served, n=2)
+        for session in whole["sessions"] + half["sessions"]:
+            tool_turns(session, list(whole["messages"]), 1, "a")
+        for session in [*whole["sessions"], half["sessions"][0]]:
+            assert post(session_url(session, "/rl/end"), {}, session["api_key"])[0] == 200
+        wait_published(host, served, 2)
+    finally:
+        shut(host, served)
+    assert len(served.published) == 2 and {t.group_size for t in served.published} == {2}
+    assert m.gateway_sessions["aborted"]._value.get() == 1 and m.gateway_sessions["ended"]._value.get() == 3
+    assert m.gateway_sessions_active._value.get() == 0 and not served.worker._inflight
+
+
 def test_a_weight_sync_inside_a_session_tags_each_turn_with_its_policy(
     host: Any, engine: Any, tokenizer: Any, chat_model: Any
 ) -> None:

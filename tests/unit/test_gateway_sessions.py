@@ -38,10 +38,16 @@ def chat_call(
     ep.add_generated(generated, [-0.5] * len(generated), [len(session.calls)] * len(generated))
     ep.final_text = f"text of {call_id}"
     assistant = reply or {"role": "assistant", "content": f"text of {call_id}"}
+    ep.messages = [*sessions.normalise_messages(messages), assistant]
     call = sessions.Call(
-        call_id, parent, ep, start, sessions.normalise_messages(messages), "[]",
-        sessions.normalise_assistant(assistant),
-    )  # fmt: skip
+        call_id,
+        parent,
+        ep,
+        start,
+        chat=True,
+        tools_key="[]",
+        assistant=sessions.normalise_assistant(assistant),
+    )
     session.add(call)
     return call
 
@@ -77,6 +83,21 @@ def test_a_request_that_extends_a_call_with_its_reply_continues_it_the_deepest_o
     )
     assert s.parent_for_chat(msgs, '[{"other": 1}]') is None
     assert s.parent_for_chat(sessions.normalise_messages([USER]), "[]") is None
+
+
+def test_a_continued_call_keeps_no_copy_of_its_chain_and_still_reads_it() -> None:
+    s = new_session()
+    a = chat_call(s, "a", None, [USER], [10, 11])
+    a_before = (list(a.episode.response_ids), list(a.episode.mask), a.messages)
+    b = chat_call(s, "b", a, [USER, {"role": "assistant", "content": "text of a"}, USER], [12], between=[20])
+    c = chat_call(s, "c", b, [USER], [13], between=[21])
+    assert a.own is None and b.own is None and c.own is not None  # one copy: the leaf's
+    assert (a.episode.response_ids, a.episode.mask, a.messages) == a_before
+    assert b.episode.response_ids == [10, 11, 20, 12] and b.full_ids == [1, 2, 3, 10, 11, 20, 12]
+    assert a.episode.final_text == "text of a" and b.n_messages == 3
+    # a second branch from a materialises a's chain from the holder and is matched as before
+    msgs = sessions.normalise_messages([USER, {"role": "assistant", "content": "text of a"}, USER])
+    assert s.parent_for_chat(msgs, "[]") is a
 
 
 def test_content_parts_are_joined_and_non_text_parts_refused() -> None:

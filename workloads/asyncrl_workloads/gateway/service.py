@@ -221,9 +221,8 @@ class Gateway:
                 ep = recorder.Episode(prompt_ids=self.chat.messages_ids(messages, tools), messages=[])
             else:
                 ep = _copy(parent.episode)
-                last = parent.episode.response_ids[-1:]
-                end_text = self.tokenizer.decode(last, skip_special_tokens=False)
-                k = len(parent.messages or ())
+                end_text = self.tokenizer.decode(ep.response_ids[-1:], skip_special_tokens=False)
+                k = parent.n_messages
                 ep.add_context(
                     self.chat.encode(self.chat.between(messages[:k], tools, end_text, messages[k + 1 :]))
                 )
@@ -353,9 +352,10 @@ class Gateway:
             if prep.messages is not None:
                 ep.messages = [*prep.messages, assistant_msg]
             ep.final_text = content
+            chat = prep.messages is not None
             call = sessions_mod.Call(
-                call_id, prep.parent, ep, prep.generated_from, prep.messages, prep.tools_key,
-                sessions_mod.normalise_assistant(assistant_msg) if prep.messages is not None else None,
+                call_id, prep.parent, ep, prep.generated_from, chat=chat, tools_key=prep.tools_key,
+                assistant=sessions_mod.normalise_assistant(assistant_msg) if chat else None,
             )  # fmt: skip
             session.add(call)
         return Generated(call_id, c, len(ep.context_ids) - len(c.token_ids), content, calls, finish)

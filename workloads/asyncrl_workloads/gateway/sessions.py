@@ -41,21 +41,59 @@ SESSION_STATES = ("open", "ended", "expired", "aborted")
 
 @dataclasses.dataclass
 class Call:
-    """One completion of a session."""
+    """One completion of a session.
+
+    Memory: a call's chain (its prompt and every token up to its reply) is a prefix of any call that
+    continues it, so once continued a call keeps no arrays of its own: ``holder`` (the continuation)
+    has them, and ``episode`` cuts this call's chain out of the holder's on demand. A session of k calls
+    on one conversation holds one conversation's tokens, not k copies."""
 
     id: str
     parent: Call | None
-    episode: recorder.Episode
-    """The chain up to and including this call's generated tokens (arrays over the chain's response)."""
+    own: recorder.Episode | None
+    """The chain up to and including this call's generated tokens (arrays over the chain's response;
+    ``messages``: the request's messages and the reply); None once ``holder`` holds it."""
     generated_from: int
-    """Index in ``episode.response_ids`` where this call's generated tokens start."""
-    messages: list[dict[str, Any]] | None = None
-    """Chat calls: the request's messages (normalised)."""
+    """Index in the chain's response where this call's generated tokens start."""
+    chat: bool = False
     tools_key: str = ""
     assistant: dict[str, Any] | None = None
     """Chat calls: the assistant message returned (normalised for comparison)."""
     reward: float | None = None
     children: int = 0
+    holder: Call | None = None
+    length: int = dataclasses.field(init=False, default=0)
+    """The chain's response length at this call's end."""
+    n_messages: int = dataclasses.field(init=False, default=0)
+    """Chat calls: how many messages the request had."""
+    final_text: str = dataclasses.field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        assert self.own is not None
+        self.length = len(self.own.response_ids)
+        self.n_messages = max(0, len(self.own.messages) - 1) if self.chat else 0
+        self.final_text = self.own.final_text
+
+    @property
+    def episode(self) -> recorder.Episode:
+        """This call's chain, its own or cut out of its holder's."""
+        if self.own is not None:
+            return self.own
+        holder = self.holder
+        while holder is not None and holder.own is None:
+            holder = holder.holder
+        assert holder is not None and holder.own is not None
+        full, n = holder.own, self.length
+        return recorder.Episode(
+            prompt_ids=full.prompt_ids, messages=full.messages[: self.n_messages + 1],
+            response_ids=full.response_ids[:n], logprobs=full.logprobs[:n], versions=full.versions[:n],
+            mask=full.mask[:n], final_text=self.final_text,
+        )  # fmt: skip
+
+    @property
+    def messages(self) -> list[dict[str, Any]] | None:
+        """Chat calls: the request's messages (normalised); None for completions calls."""
+        return self.episode.messages[: self.n_messages] if self.chat else None
 
     @property
     def full_ids(self) -> list[int]:
@@ -108,14 +146,14 @@ class Session:
         """The deepest earlier call this chat request continues (latest on ties), or None."""
         best: Call | None = None
         for call in self.calls:
-            if call.messages is None or call.assistant is None or call.tools_key != tools_key:
+            if not call.chat or call.assistant is None or call.tools_key != tools_key:
                 continue
-            k = len(call.messages)
-            if len(messages) <= k or messages[:k] != call.messages:
+            k = call.n_messages
+            if len(messages) <= k or normalise_assistant(messages[k]) != call.assistant:
                 continue
-            if normalise_assistant(messages[k]) != call.assistant:
+            if messages[:k] != call.messages:
                 continue
-            if best is None or k >= len(best.messages or ()):
+            if best is None or k >= best.n_messages:
                 best = call
         return best
 
@@ -123,7 +161,7 @@ class Session:
         """The longest earlier completions call whose prompt + generated ids start ``prompt_ids``."""
         best: Call | None = None
         for call in self.calls:
-            if call.messages is not None:
+            if call.chat:
                 continue
             full = call.full_ids
             extends = len(full) <= len(prompt_ids) and list(prompt_ids[: len(full)]) == full
@@ -132,8 +170,11 @@ class Session:
         return best
 
     def add(self, call: Call) -> None:
-        if call.parent is not None:
-            call.parent.children += 1
+        parent = call.parent
+        if parent is not None:
+            parent.children += 1
+            if parent.own is not None:  # its chain is a prefix of the continuation's: keep one copy
+                parent.own, parent.holder = None, call
         self.calls.append(call)
 
     # ---- rewards -----------------------------------------------------------------------------

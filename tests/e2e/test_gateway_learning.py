@@ -13,6 +13,8 @@ Checked, once the trainer has made STEPS steps:
 and once the agent was stopped (Ctrl-C) and everything is quiet:
 - learning: the trainer's per-step mean reward of the last fifth exceeds the first fifth by > 3
   standard errors;
+- the engine's logprobs, as the gateway recorded them, equal the trainer's for samples of its current
+  weights (the steps' fresh_logprob_gap);
 - conservation: trajectories produced (the rollout's counter) = stored in the stream = consumed +
   dropped (the trainer's counters) + still in the stream;
 - the gateway's own books: sessions started = ended + expired + still open, every group the agent
@@ -172,6 +174,10 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
 
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     learning.assert_rises([s["reward_mean"] for s in steps], "reward")
+    # what the gateway recorded is what the engine sampled: for samples of the trainer's current weights the
+    # recorded (behaviour) logprobs of the generated tokens equal the trainer's own, as in the single-turn e2e
+    gaps = [s["fresh_logprob_gap"] for s in steps if "fresh_logprob_gap" in s]
+    assert gaps and max(gaps) < 1e-3, gaps
 
     # conservation: every trajectory the rollout published is stored once, and trained, dropped or queued
     produced = learning.total(rollout, "asyncrl_trajectories_produced_total")

@@ -162,16 +162,31 @@ async def worker(args: argparse.Namespace, http: httpx.AsyncClient, tickets: dic
         )
 
 
-async def main(args: argparse.Namespace) -> None:
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    # idle connections are dropped well before the server's keep-alive timeout (uvicorn's 5 s), so a
-    # request is rarely sent on a connection the server is closing at that moment
+async def main(args: argparse.Namespace) -> int:
+    """Run the workers until --groups groups are done (0) or Ctrl-C (130) / SIGTERM (143)."""
+    loop, stopped = asyncio.get_running_loop(), asyncio.Event()
+    signals: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda sig=sig: (signals.append(sig), stopped.set()))
+    # idle connections are dropped well before the server's keep-alive timeout, so a request is rarely
+    # sent on a connection the server is closing at that moment
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits) as http:
         tickets = {"started": 0, "done": 0}
-        await asyncio.gather(*(worker(args, http, tickets) for _ in range(args.concurrency)))
+        workers = [asyncio.create_task(worker(args, http, tickets)) for _ in range(args.concurrency)]
+        stop = asyncio.create_task(stopped.wait())
+        await asyncio.wait([*workers, stop], return_when=asyncio.FIRST_COMPLETED)
+        if not stopped.is_set():  # a worker ended: wait for the others (--groups) or a signal
+            await asyncio.wait([asyncio.gather(*workers), stop], return_when=asyncio.FIRST_COMPLETED)
+        # Stop: cancel what is in flight (its sessions expire on the gateway, never trained on). The wait
+        # is bounded: a cancellation swallowed inside a client library must not keep the agent alive.
+        for task in [*workers, stop]:
+            task.cancel()
+        await asyncio.wait([*workers, stop], timeout=10)
+        for task in workers:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    return {signal.SIGINT: 130, signal.SIGTERM: 143}.get(signals[0], 1) if signals else 0
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -196,10 +211,4 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    try:
-        asyncio.run(main(arguments))
-    except KeyboardInterrupt:
-        sys.exit(130)  # Ctrl-C: the shell's convention
-    except asyncio.CancelledError:
-        sys.exit(143)  # SIGTERM
+    sys.exit(asyncio.run(main(parse())))  # 130 on Ctrl-C, 143 on SIGTERM: the shell's convention

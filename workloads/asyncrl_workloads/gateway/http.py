@@ -39,7 +39,7 @@ import uvicorn
 from asyncrl_workloads.gateway import service as service_mod
 from asyncrl_workloads.gateway.sessions import Session, SessionError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from vllm.entrypoints.generate.base import protocol as base_protocol
@@ -48,6 +48,8 @@ from vllm.entrypoints.openai.completion import protocol as completion_protocol
 from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, UsageInfo
 
 log = logging.getLogger(__name__)
+CLIENT_GONE = 499
+"""Counted for a request whose client disconnected before its body arrived (nginx's code for it)."""
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 409: "conflict_error",
     410: "gone_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -118,6 +120,8 @@ class GatewayApp:
                 response = await handler(await self._body(request))
             except SessionError as exc:
                 response = error(exc)
+            except ClientDisconnect:  # the agent went away mid-request (stopped): nothing to answer
+                response = Response(status_code=CLIENT_GONE)
             self._count(route, response.status_code)
             return response
 
@@ -130,6 +134,8 @@ class GatewayApp:
                 response = await handler(session, await self._body(request))
             except SessionError as exc:
                 response = error(exc)
+            except ClientDisconnect:  # the agent went away mid-request (stopped): nothing to answer
+                response = Response(status_code=CLIENT_GONE)
             self._count(route, response.status_code)
             return response
 

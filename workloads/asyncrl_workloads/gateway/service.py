@@ -36,7 +36,7 @@ from asyncrl_workloads.episode import recorder
 from asyncrl_workloads.gateway import sessions as sessions_mod
 from asyncrl_workloads.gateway.sessions import SessionError
 from asyncrl_workloads.rollout import engine as engine_mod
-from asyncrl_workloads.rollout import worker as worker_mod
+from asyncrl_workloads.rollout import group as group_mod
 from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
 from vllm.entrypoints.openai.completion import protocol as completion_protocol
 from vllm.exceptions import VLLMValidationError
@@ -126,10 +126,10 @@ class Gateway:
         group.done = loop.create_future()
         done = group.done
 
-        async def produce() -> list[worker_mod.Sample]:
+        async def produce() -> list[group_mod.Sample]:
             trajectories = await done
             return [
-                worker_mod.Sample(
+                group_mod.Sample(
                     t.prompt_ids, t.response_ids, t.logprobs, t.versions, t.mask, t.text, t.episode, t.reward
                 )
                 for t in trajectories

@@ -102,7 +102,7 @@ class Call:
 
 @dataclasses.dataclass
 class Trajectory:
-    """What a session exports: the arrays of ``worker.Sample`` plus the reward set (or None)."""
+    """What a session exports: the arrays of ``rollout.group.Sample`` plus the reward set (or None)."""
 
     episode: recorder.Episode
     prompt_ids: list[int]

@@ -20,7 +20,9 @@ Called by ``entrypoints/rollout.py`` (and data-plane tests) with a started ``Rol
   restarts).
 
 How many groups a replica may start (the same rule in sync, one-step-off and async modes) is
-decided by ``rollout/admission.py``.
+decided by ``rollout/admission.py``; how a finished group is scored and becomes trajectories, by
+``rollout/group.py``. The agent gateway starts groups through ``start_group`` and replaces the generation
+loop (``run(stop, serve=...)``).
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
-from asyncrl_workloads.episode import recorder
 from asyncrl_workloads.rewards import loader as reward_loader
 from asyncrl_workloads.rollout import admission as admission_mod
 from asyncrl_workloads.rollout import engine as engine_mod
+from asyncrl_workloads.rollout import group as group_mod
 from asyncrl_workloads.rollout import planwatch
 from asyncrl_workloads.rollout import update as update_mod
 from asyncrl_workloads.weightsync import base, replica
@@ -50,22 +52,6 @@ log = logging.getLogger(__name__)
 Publish = Callable[[trajectory_mod.Trajectory], Awaitable[bool]]
 PromptIds = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], list[int]]
 """(record, tool schemas) -> prompt token ids: ``episode.chat.ChatFormat.prompt_ids`` / ``RawFormat``'s."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """One sample of a group, single-turn or an agent episode; arrays line up (R,) as a Trajectory's."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    mask: list[int]
-    text: str
-    """What the reward scores: the completion, or the episode's last assistant turn."""
-    episode: recorder.Episode | None = None
-    reward: float | None = None
-    """Set by the agent through the gateway; None: the job's reward function scores the sample."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +183,7 @@ class RolloutWorker:
 
     def start_group(
         self,
-        samples: Callable[[], Awaitable[list[Sample]]],
+        samples: Callable[[], Awaitable[list[group_mod.Sample]]],
         record: Mapping[str, Any] | None = None,
         *,
         from_data: bool = False,
@@ -228,7 +214,7 @@ class RolloutWorker:
         self,
         index: int,
         record: Mapping[str, Any] | None,
-        produce: Callable[[], Awaitable[list[Sample]]] | None = None,
+        produce: Callable[[], Awaitable[list[group_mod.Sample]]] | None = None,
     ) -> None:
         try:
             task = asyncio.current_task()
@@ -243,35 +229,11 @@ class RolloutWorker:
             finally:
                 self._generating.discard(task)
             key = f"{self.incarnation}.{index}"
-            group_id = f"{self.s.job}:r{self.s.replica}:{key}"
-            # Score first, publish after: group_size must count only the samples that are published,
-            # or the trainer waits for a group member that never comes (an empty completion, a reward
-            # function that raised).
-            kept: list[tuple[int, Sample, float]] = []
-            for i, c in enumerate(samples):
-                if 1 not in c.mask:  # nothing generated (an empty completion or episode)
-                    continue
-                if c.reward is not None:
-                    kept.append((i, c, c.reward))
-                    continue
-                if record is None:  # a gateway session with neither a reward nor a record to score
-                    self.m.gateway_unrewarded.inc()
-                    continue
-                try:
-                    kept.append((i, c, reward_loader.score(self.reward_fn, record, c.text, c.episode)))
-                except Exception:  # a buggy reward skips the sample, not the replica
-                    log.exception("reward function failed on group %d sample %d; sample skipped", index, i)
-            for j, (i, c, reward) in enumerate(kept):  # sample_index counts kept samples (< group_size)
-                traj = trajectory_mod.Trajectory(
-                    id=trajectory_mod.trajectory_id(self.s.job, self.s.replica, key, i),
-                    job=self.s.job, replica=self.s.replica, group_id=group_id, group_size=len(kept),
-                    sample_index=j, prompt_ids=c.prompt_ids, response_ids=c.response_ids,
-                    behaviour_logprobs=c.logprobs, versions=c.versions, mask=c.mask,
-                    reward=reward, created_at=time.time(),
-                )  # fmt: skip
-                self.m.tokens_generated.inc(sum(c.mask))
-                self.m.reward.observe(reward)
-                if len(set(c.versions)) > 1:
+            kept = group_mod.score(samples, record, self.reward_fn, self.m, index)
+            for traj in group_mod.trajectories(kept, self.s.job, self.s.replica, key):
+                self.m.tokens_generated.inc(sum(traj.mask))
+                self.m.reward.observe(traj.reward)
+                if len(set(traj.versions)) > 1:
                     self.stats.partial += 1
                     self.m.partial_rollouts.inc()
                 if await self.publish(traj):
@@ -282,7 +244,7 @@ class RolloutWorker:
             if self.failure is None:
                 self.failure = exc
 
-    async def _generate(self, index: int, record: Mapping[str, Any]) -> list[Sample]:
+    async def _generate(self, index: int, record: Mapping[str, Any]) -> list[group_mod.Sample]:
         """The group's ``n`` samples: one engine request, or ``n`` agent episodes side by side."""
         seed = self.s.seed * 7919 + self.s.replica * 1_000_003 + index
         if self.agent is not None:
@@ -290,7 +252,9 @@ class RolloutWorker:
                 *(self.agent.run(record, seed * 131 + i) for i in range(self.s.n))
             )
             return [
-                Sample(ep.prompt_ids, ep.response_ids, ep.logprobs, ep.versions, ep.mask, ep.final_text, ep)
+                group_mod.Sample(
+                    ep.prompt_ids, ep.response_ids, ep.logprobs, ep.versions, ep.mask, ep.final_text, ep
+                )
                 for ep in episodes
             ]
         if self.prompt_ids is not None:
@@ -306,7 +270,9 @@ class RolloutWorker:
         )
         completions = await self.engine.generate(prompt_ids, params)
         return [
-            Sample(list(prompt_ids), c.token_ids, c.logprobs, c.versions, [1] * len(c.token_ids), c.text)
+            group_mod.Sample(
+                list(prompt_ids), c.token_ids, c.logprobs, c.versions, [1] * len(c.token_ids), c.text
+            )
             for c in completions
         ]
 

@@ -70,7 +70,7 @@ class GatewayApp:
                 Route(
                     f"{prefix}/v1/completions", self._user("completions", self.completions), methods=["POST"]
                 ),
-                Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
+                Route(f"{prefix}/v1/models", self._route("models", self.models), methods=["GET"]),
                 Route(f"{prefix}/rl/reward", self._user("reward", self.reward), methods=["POST"]),
                 Route(f"{prefix}/rl/end", self._user("end", self.end), methods=["POST"]),
             ]
@@ -111,13 +111,13 @@ class GatewayApp:
     def _count(self, route: str, code: int) -> None:
         self.g.m.gateway_requests_by(route, code).inc()
 
-    def _admin(self, route: str, handler: Callable[[dict[str, Any]], Awaitable[Response]]) -> Any:
+    def _route(self, route: str, handler: Callable[[Request], Awaitable[Response]]) -> Any:
+        """The endpoint for ``handler``: a SessionError becomes its OpenAI-shaped answer, every answer is
+        counted under ``route``."""
+
         async def endpoint(request: Request) -> Response:
             try:
-                key = self._bearer(request)
-                if key is None or not hmac.compare_digest(key.encode(), self.admin_key.encode()):
-                    raise SessionError(401, "missing or invalid admin key", "invalid_api_key")
-                response = await handler(await self._body(request))
+                response = await handler(request)
             except SessionError as exc:
                 response = error(exc)
             except ClientDisconnect:  # the agent went away mid-request (stopped): nothing to answer
@@ -126,20 +126,25 @@ class GatewayApp:
             return response
 
         return endpoint
+
+    def _is_admin(self, request: Request) -> bool:
+        key = self._bearer(request)
+        return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
+
+    def _admin(self, route: str, handler: Callable[[dict[str, Any]], Awaitable[Response]]) -> Any:
+        async def call(request: Request) -> Response:
+            if not self._is_admin(request):
+                raise SessionError(401, "missing or invalid admin key", "invalid_api_key")
+            return await handler(await self._body(request))
+
+        return self._route(route, call)
 
     def _user(self, route: str, handler: Callable[[Session, dict[str, Any]], Awaitable[Response]]) -> Any:
-        async def endpoint(request: Request) -> Response:
-            try:
-                session = self.g.session(request.path_params.get("session_id"), self._bearer(request))
-                response = await handler(session, await self._body(request))
-            except SessionError as exc:
-                response = error(exc)
-            except ClientDisconnect:  # the agent went away mid-request (stopped): nothing to answer
-                response = Response(status_code=CLIENT_GONE)
-            self._count(route, response.status_code)
-            return response
+        async def call(request: Request) -> Response:
+            session = self.g.session(request.path_params.get("session_id"), self._bearer(request))
+            return await handler(session, await self._body(request))
 
-        return endpoint
+        return self._route(route, call)
 
     # ---- routes -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -160,15 +165,9 @@ class GatewayApp:
 
     async def models(self, request: Request) -> Response:
         """The job's policy (any model name is served: agents keep theirs); a session's or the admin key."""
-        key = self._bearer(request)
-        try:
-            if key is None or not hmac.compare_digest(key.encode(), self.admin_key.encode()):
-                self.g.session(request.path_params.get("session_id"), key)
-        except SessionError as exc:
-            self._count("models", exc.status)
-            return error(exc)
+        if not self._is_admin(request):
+            self.g.session(request.path_params.get("session_id"), self._bearer(request))
         card = ModelCard(id=self.g.s.model_name, owned_by="asyncrl", max_model_len=self.g.s.max_model_len)
-        self._count("models", 200)
         return Response(ModelList(data=[card]).model_dump_json(), media_type="application/json")
 
     async def reward(self, session: Session, body: dict[str, Any]) -> Response:

@@ -127,13 +127,7 @@ class Gateway:
         done = group.done
 
         async def produce() -> list[group_mod.Sample]:
-            trajectories = await done
-            return [
-                group_mod.Sample(
-                    t.prompt_ids, t.response_ids, t.logprobs, t.versions, t.mask, t.text, t.episode, t.reward
-                )
-                for t in trajectories
-            ]
+            return await done
 
         started = self.worker.start_group(produce, record, from_data=from_data)
         if started is None:

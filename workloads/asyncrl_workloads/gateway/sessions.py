@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from asyncrl_workloads.episode import recorder
+from asyncrl_workloads.rollout import group as group_mod
 
 SESSION_STATES = ("open", "ended", "expired", "aborted")
 
@@ -98,20 +99,6 @@ class Call:
     @property
     def full_ids(self) -> list[int]:
         return self.episode.context_ids
-
-
-@dataclasses.dataclass
-class Trajectory:
-    """What a session exports: the arrays of ``rollout.group.Sample`` plus the reward set (or None)."""
-
-    episode: recorder.Episode
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    mask: list[int]
-    text: str
-    reward: float | None
 
 
 class SessionError(Exception):
@@ -195,7 +182,7 @@ class Session:
         raise SessionError(404, f"no call {call_id!r} in session {self.id}", "call_not_found")
 
     # ---- export ------------------------------------------------------------------------------
-    def export(self, mode: str, discount: float) -> list[Trajectory]:
+    def export(self, mode: str, discount: float) -> list[group_mod.Sample]:
         if mode == "concat":
             return [self._leaf(call) for call in self.calls if call.children == 0]
         values = self._values(discount)
@@ -203,20 +190,20 @@ class Session:
         for call in self.calls:
             ep, start = call.episode, call.generated_from
             out.append(
-                Trajectory(
-                    ep,
+                group_mod.Sample(
                     ep.context_ids[: len(ep.prompt_ids) + start],
                     ep.response_ids[start:],
                     ep.logprobs[start:],
                     ep.versions[start:],
                     ep.mask[start:],
                     ep.final_text,
+                    ep,
                     values[call.id],
-                )  # fmt: skip
+                )
             )
         return out
 
-    def _leaf(self, leaf: Call) -> Trajectory:
+    def _leaf(self, leaf: Call) -> group_mod.Sample:
         rewards = [self.session_reward]
         node: Call | None = leaf
         while node is not None:
@@ -224,9 +211,9 @@ class Session:
             node = node.parent
         given = [r for r in rewards if r is not None]
         ep = leaf.episode
-        return Trajectory(
-            ep, list(ep.prompt_ids), list(ep.response_ids), list(ep.logprobs), list(ep.versions),
-            list(ep.mask), ep.final_text, sum(given) if given else None,
+        return group_mod.Sample(
+            list(ep.prompt_ids), list(ep.response_ids), list(ep.logprobs), list(ep.versions), list(ep.mask),
+            ep.final_text, ep, sum(given) if given else None,
         )  # fmt: skip
 
     def _values(self, discount: float) -> dict[str, float | None]:
@@ -257,8 +244,8 @@ class Group:
     record: Mapping[str, Any] | None
     size: int
     sessions: list[Session] = dataclasses.field(default_factory=list)
-    done: asyncio.Future[list[Trajectory]] | None = None
-    trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
+    done: asyncio.Future[list[group_mod.Sample]] | None = None
+    trajectories: list[group_mod.Sample] = dataclasses.field(default_factory=list)
 
     def finished(self) -> bool:
         return len(self.sessions) == self.size and all(s.state != "open" for s in self.sessions)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from asyncrl_testing import loopthread
 from asyncrl_testing import prometheus as prometheus_server
 from asyncrl_workloads import tinymodel
 from asyncrl_workloads.local import natsserver
@@ -52,3 +54,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 def chat_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """The tiny model with ChatML + tool-call tokens and a chat template (``chat=True``)."""
     return tinymodel.create_tiny_model(tmp_path_factory.mktemp("tiny-chat") / "model", seed=0, chat=True)
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[loopthread.LoopThread]:
+    """An event loop on a thread of its own: one vLLM engine serves every test of a module."""
+    thread = loopthread.LoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(chat_model: pathlib.Path) -> Any:
+    """The tiny chat model's tokenizer (transformers)."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(chat_model)

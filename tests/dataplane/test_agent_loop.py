@@ -17,14 +17,13 @@ calls from the tiny tokenizer's text.
 from __future__ import annotations
 
 import asyncio
-import string
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from asyncrl_testing import loopthread
+from asyncrl_testing import turns
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.episode import chat as chat_mod
@@ -113,13 +112,6 @@ def scripted(*calls: tuple[str, str]) -> type[Any]:
 
 
 @pytest.fixture(scope="module")
-def host() -> Iterator[Any]:
-    thread = loopthread.LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
 def engine(host: Any, chat_model: Any) -> Iterator[Any]:
     from asyncrl_workloads.rollout import engine as engine_mod
 
@@ -127,17 +119,6 @@ def engine(host: Any, chat_model: Any) -> Iterator[Any]:
     started = host.run(engine_mod.RolloutEngine.start(settings))
     yield started
     started.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(chat_model: Any) -> Any:
-    import transformers
-
-    return transformers.AutoTokenizer.from_pretrained(chat_model)
-
-
-def stop_ids(tokenizer: Any) -> tuple[int, ...]:
-    return tuple(tokenizer.convert_tokens_to_ids(list(string.ascii_letters + string.digits)))
 
 
 def make_loop(
@@ -149,7 +130,7 @@ def make_loop(
     **limits: Any,
 ) -> loop_mod.ToolLoop:
     settings = loop_mod.LoopSettings(
-        **{"max_tokens": 16, "max_model_len": 512, "stop_token_ids": stop_ids(tokenizer), **limits}
+        **{"max_tokens": 16, "max_model_len": 512, "stop_token_ids": turns.stop_ids(tokenizer), **limits}
     )
     chat = chat_mod.ChatFormat(tokenizer, "prompt")
     return loop_mod.ToolLoop(
@@ -159,17 +140,6 @@ def make_loop(
 
 async def gather(*coros: Any) -> list[Any]:
     return list(await asyncio.gather(*coros))
-
-
-def runs(mask: list[int]) -> list[tuple[int, int]]:
-    """(value, length) of each run of equal mask values."""
-    out: list[tuple[int, int]] = []
-    for m in mask:
-        if out and out[-1][0] == m:
-            out[-1] = (m, out[-1][1] + 1)
-        else:
-            out.append((m, 1))
-    return out
 
 
 # ---- tests -------------------------------------------------------------------------------------------
@@ -189,10 +159,10 @@ def test_tool_output_is_masked_and_generated_tokens_carry_the_engines_logprobs(
     for ep in episodes:
         assert (ep.assistant_turns, ep.user_turns, ep.ended) == (3, 2, "max_turns")
         assert [r.outcome for r in ep.tool_calls] == ["ok", "ok"]
-        assert [m for m, _ in runs(ep.mask)] == [1, 0, 1, 0, 1]
+        assert [m for m, _ in turns.runs(ep.mask)] == [1, 0, 1, 0, 1]
         start = 0
         end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        for value, length in runs(ep.mask):  # every mask-0 run is exactly the template's tool turn
+        for value, length in turns.runs(ep.mask):  # every mask-0 run is exactly the template's tool turn
             if value == 0:
                 text = tokenizer.decode(ep.response_ids[start : start + length], skip_special_tokens=False)
                 # the turn's end token is not repeated when the model generated it, added when it did not
@@ -201,10 +171,7 @@ def test_tool_output_is_masked_and_generated_tokens_carry_the_engines_logprobs(
             start += length
         assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.mask, strict=True) if m == 0)
         assert set(ep.versions) == {0}
-        ids = torch.tensor([ep.prompt_ids + ep.response_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(ep.prompt_ids) - 1 : -1].float()  # (R, V)
-        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ep.response_ids)[:, None])[:, 0]  # (R,)
+        want = turns.hf_logprobs(model, ep.prompt_ids, ep.response_ids)  # (R,)
         generated = torch.tensor(ep.mask, dtype=torch.bool)
         got = torch.tensor(ep.logprobs)
         assert float((got - want)[generated].abs().max()) <= LOGPROB_ATOL
@@ -405,15 +372,12 @@ def test_a_weight_update_between_turns_tags_each_turn_with_the_policy_that_gener
         trainer.close()
     assert synced and synced[0].members == [0]
     traj = published[0]
-    assert [m for m, _ in runs(traj.mask)] == [1, 0, 1]
-    first, ctx, second = runs(traj.mask)
+    assert [m for m, _ in turns.runs(traj.mask)] == [1, 0, 1]
+    first, ctx, second = turns.runs(traj.mask)
     versions = traj.versions
     assert set(versions[: first[1] + ctx[1]]) == {0} and set(versions[first[1] + ctx[1] :]) == {1}
     assert traj.oldest_version == 0 and traj.newest_version == 1
-    ids = torch.tensor([traj.prompt_ids + traj.response_ids])
     for model, lo, hi in ((v0, 0, first[1]), (v1, first[1] + ctx[1], len(traj.response_ids))):
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(traj.prompt_ids) - 1 : -1].float()  # (R, V)
-        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(traj.response_ids)[:, None])[:, 0]  # (R,)
+        want = turns.hf_logprobs(model, traj.prompt_ids, traj.response_ids)  # (R,)
         got = torch.tensor(traj.behaviour_logprobs)
         assert float((got - want)[lo:hi].abs().max()) <= LOGPROB_ATOL

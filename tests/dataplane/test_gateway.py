@@ -22,7 +22,6 @@ import asyncio
 import dataclasses
 import json
 import socket
-import string
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from typing import Any
 import openai
 import pytest
 import torch
-from asyncrl_testing import loopthread
+from asyncrl_testing import turns
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.episode import chat as chat_mod
@@ -71,13 +70,6 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def host() -> Iterator[Any]:
-    thread = loopthread.LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
 def engine(host: Any, chat_model: Any) -> Iterator[Any]:
     from asyncrl_workloads.rollout import engine as engine_mod
 
@@ -87,18 +79,6 @@ def engine(host: Any, chat_model: Any) -> Iterator[Any]:
     started = host.run(engine_mod.RolloutEngine.start(settings))
     yield started
     started.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(chat_model: Any) -> Any:
-    import transformers
-
-    return transformers.AutoTokenizer.from_pretrained(chat_model)
-
-
-def stop_ids(tokenizer: Any) -> tuple[int, ...]:
-    """Turns end at a letter or digit (spec.agent.stopTokens), so a random model's turns end by stopping."""
-    return tuple(tokenizer.convert_tokens_to_ids(list(string.ascii_letters + string.digits)))
 
 
 def serve(host: Any, engine: Any, tokenizer: Any, job: str, link: Any = None, **worker_kw: Any) -> Served:
@@ -130,7 +110,7 @@ def serve(host: Any, engine: Any, tokenizer: Any, job: str, link: Any = None, **
     gateway = gateway_service.Gateway(
         gateway_service.GatewaySettings(
             public_url=url, model_name=job, max_model_len=512, max_tokens=8, group_size=2, max_calls=8,
-            session_timeout_s=600.0, stop_token_ids=stop_ids(tokenizer),
+            session_timeout_s=600.0, stop_token_ids=turns.stop_ids(tokenizer),
         ),
         engine, chat, parser, worker, bound,
     )  # fmt: skip
@@ -207,23 +187,6 @@ def tool_turns(session: dict[str, Any], messages: list[dict[str, Any]], turns: i
     return replies
 
 
-def runs(mask: list[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for m in mask:
-        if out and out[-1][0] == m:
-            out[-1] = (m, out[-1][1] + 1)
-        else:
-            out.append((m, 1))
-    return out
-
-
-def hf_logprobs(model: Any, traj: trajectory_mod.Trajectory) -> torch.Tensor:
-    ids = torch.tensor([traj.prompt_ids + traj.response_ids])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(traj.prompt_ids) - 1 : -1].float()  # (R, V)
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(traj.response_ids)[:, None])[:, 0]  # (R,)
-
-
 def wait_published(host: Any, served: Served, count: int) -> None:
     async def wait() -> None:
         while len(served.published) < count:
@@ -265,9 +228,9 @@ def test_a_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
     tool_turn = f"<|im_start|>tool\n{group['record']['secret']}<|im_end|>\n<|im_start|>assistant\n"
     for traj in trajectories:
         assert traj.reward == 0.75  # set by the agent for the session (the reward function says 0.25)
-        assert [m for m, _ in runs(traj.mask)] == [1, 0, 1, 0, 1]
+        assert [m for m, _ in turns.runs(traj.mask)] == [1, 0, 1, 0, 1]
         start = 0
-        for value, length in runs(traj.mask):  # every mask-0 run is exactly the template's tool turn
+        for value, length in turns.runs(traj.mask):  # every mask-0 run is exactly the template's tool turn
             if value == 0:
                 text = tokenizer.decode(traj.response_ids[start : start + length], skip_special_tokens=False)
                 ended_itself = traj.response_ids[start - 1] == end_of_turn
@@ -276,7 +239,8 @@ def test_a_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
         assert set(traj.versions) == {0}
         generated = torch.tensor(traj.mask, dtype=torch.bool)
         got = torch.tensor(traj.behaviour_logprobs)
-        assert float((got - hf_logprobs(model, traj))[generated].abs().max()) <= LOGPROB_ATOL
+        want = turns.hf_logprobs(model, traj.prompt_ids, traj.response_ids)  # (R,)
+        assert float((got - want)[generated].abs().max()) <= LOGPROB_ATOL
         assert all(lp == 0.0 for lp, m in zip(traj.behaviour_logprobs, traj.mask, strict=True) if m == 0)
 
 
@@ -354,7 +318,7 @@ def test_32_concurrent_sessions_are_each_published_once_and_the_accounting_close
     for t in new:
         by_group.setdefault(t.group_id, []).append(t.sample_index)
         assert t.group_size == 4 and t.reward == 0.25  # no reward set: the job's reward function scored it
-        assert [v for v, _ in runs(t.mask)] == [1, 0, 1]
+        assert [v for v, _ in turns.runs(t.mask)] == [1, 0, 1]
     assert sorted(sorted(v) for v in by_group.values()) == [[0, 1, 2, 3]] * 8
     assert m.gateway_sessions["started"]._value.get() - started == 32
     assert m.gateway_sessions["ended"]._value.get() - ended == 32
@@ -494,12 +458,13 @@ def test_a_weight_sync_inside_a_session_tags_each_turn_with_its_policy(
         shut(host, served)
         trainer.close()
     (traj,) = served.published
-    first, ctx, second = runs(traj.mask)
+    first, ctx, second = turns.runs(traj.mask)
     assert [first[0], ctx[0], second[0]] == [1, 0, 1]
     assert set(traj.versions[: first[1] + ctx[1]]) == {0} and set(traj.versions[first[1] + ctx[1] :]) == {1}
     got = torch.tensor(traj.behaviour_logprobs)
     for model, lo, hi in ((v0, 0, first[1]), (v1, first[1] + ctx[1], len(traj.response_ids))):
-        assert float((got - hf_logprobs(model, traj))[lo:hi].abs().max()) <= LOGPROB_ATOL
+        want = turns.hf_logprobs(model, traj.prompt_ids, traj.response_ids)  # (R,)
+        assert float((got - want)[lo:hi].abs().max()) <= LOGPROB_ATOL
 
 
 def test_listen_refuses_a_port_in_use() -> None:

@@ -319,17 +319,11 @@ def test_a_weight_update_between_turns_tags_each_turn_with_the_policy_that_gener
     gloo sender, partialRollout on): the turn before it is version 0, the turn after it version 1, each
     with the logprobs of its own policy; the tool tokens between take the earlier version, so staleness
     is judged by the oldest generated token. Runs last in this module: it leaves the engine at v1."""
-    import copy
 
-    import transformers
     from asyncrl_workloads.rollout import worker as worker_mod
     from asyncrl_workloads.weightsync import replica, sender
 
-    v0 = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
-    v1 = copy.deepcopy(v0)
-    with torch.no_grad():
-        for p in v1.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    v0, v1 = turns.two_versions(chat_model)
     port = process.free_port()
     trainer = sender.GlooWeightSender(port, timeout_seconds=30, bucket_mb=1)
     synced: list[Any] = []

@@ -424,16 +424,10 @@ def test_a_weight_sync_inside_a_session_tags_each_turn_with_its_policy(
     """The trainer's real gloo sender broadcasts version 1 between two calls of one session (partialRollout
     on): the first turn is v0 with v0's logprobs, the second v1 with v1's. Runs last: the engine stays at
     v1."""
-    import copy
 
-    import transformers
     from asyncrl_workloads.weightsync import replica, sender
 
-    v0 = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
-    v1 = copy.deepcopy(v0)
-    with torch.no_grad():
-        for p in v1.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    v0, v1 = turns.two_versions(chat_model)
     port = process.free_port()
     trainer = sender.GlooWeightSender(port, timeout_seconds=30, bucket_mb=1)
     link = replica.ReplicaLink("127.0.0.1", port, replica=0)

@@ -32,3 +32,20 @@ def hf_logprobs(model: Any, prompt_ids: Sequence[int], response_ids: Sequence[in
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()  # (R, V)
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(list(response_ids))[:, None])[:, 0]  # (R,)
+
+
+def two_versions(model_dir: Any) -> tuple[Any, Any]:
+    """(v0, v1): the model at ``model_dir`` (float32, eval) and a copy with every parameter moved by a
+    seeded 0.5 * N(0, 1), the version a test's weight sync broadcasts."""
+    import copy
+
+    import torch
+    import transformers
+
+    v0: Any = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    v0.eval()
+    v1 = copy.deepcopy(v0)
+    with torch.no_grad():
+        for p in v1.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    return v0, v1

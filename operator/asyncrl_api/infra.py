@@ -140,3 +140,12 @@ class ProgressSpec(base.APIModel):
     """Trainer rank 0 patches status.progress at most this often."""
     stalled_after_seconds: int = pydantic.Field(default=900, ge=10, le=604_800)
     """Condition Stalled becomes True when the step has not advanced for this long while Running."""
+
+
+class FailurePolicySpec(base.APIModel):
+    """When a job that keeps failing stops trying."""
+
+    max_restarts: int | None = pydantic.Field(default=10, ge=0, le=1_000_000)
+    """Restarts the job may take in all (container restarts of its pods, trainer gang restarts and
+    replaced rollout pods) before it ends Failed with the last error line of the failing container;
+    unset (null) = restart forever."""

@@ -60,6 +60,9 @@ WeightSyncSpec = infra.WeightSyncSpec
 SchedulingSpec = infra.SchedulingSpec
 VolumeSpec = infra.VolumeSpec
 ProgressSpec = infra.ProgressSpec
+FailurePolicySpec = infra.FailurePolicySpec
+JudgeSpec = task.JudgeSpec
+ScoreRange = task.ScoreRange
 Condition = status.Condition
 RoleStatus = status.RoleStatus
 Progress = status.Progress
@@ -165,6 +168,8 @@ class AsyncRLJobSpec(base.APIModel):
     """Existing claims mounted into every pod (models, data, checkpoints)."""
     progress: infra.ProgressSpec = pydantic.Field(default_factory=infra.ProgressSpec)
     """Progress reporting and stall detection."""
+    failure_policy: infra.FailurePolicySpec = pydantic.Field(default_factory=infra.FailurePolicySpec)
+    """Restart budget."""
 
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> AsyncRLJobSpec:

@@ -35,6 +35,7 @@ ConditionType = Literal[
     "Progressing",
     "Stalled",
     "Degraded",
+    "EndpointsReady",
     "InvalidSpec",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = typing.get_args(ConditionType)
@@ -118,9 +119,12 @@ class AsyncRLJobStatus(base.APIModel):
     """Pending, Starting, Running, Suspended, Restarting, Succeeded or Failed."""
     message: str = ""
     """Why the job is in this phase."""
+    reason: str = pydantic.Field(default="", max_length=128)
+    """Short CamelCase reason of the job's most pressing problem (e.g. Unauthorized, Unschedulable,
+    CrashLoopBackOff, RestartBudgetExhausted), empty when there is none; a printer column."""
     conditions: list[Condition] = pydantic.Field(default_factory=list)
     """Ready, RolloutReady, TrainerReady, BusReady, WeightSyncReady, Progressing, Stalled, Degraded,
-    InvalidSpec."""
+    EndpointsReady, InvalidSpec."""
     observed_generation: int = 0
     """The spec generation the operator last reconciled."""
     rollout: RoleStatus = pydantic.Field(default_factory=RoleStatus)

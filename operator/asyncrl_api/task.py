@@ -96,16 +96,30 @@ class SecretKeyRef(base.APIModel):
 
 
 class EndpointSpec(base.APIModel):
-    """An OpenAI-compatible endpoint (judge, teacher): base URL + model id + API key from a Secret."""
+    """An OpenAI-compatible endpoint (judge, teacher): base URL + model id + API key from a Secret.
+
+    Every process that calls it first sends a one-token check ("ping", max_tokens 1) and exits with a
+    classified message (Unauthorized, Unreachable, NotFound, BadResponse, RateLimited) that the
+    operator shows in the job's EndpointsReady condition."""
 
     base_url: str = pydantic.Field(alias="baseURL", min_length=1, max_length=2048, pattern=r"^https?://")
-    """Base URL, e.g. http://judge.models.svc:8000/v1."""
+    """Base URL including the API prefix, e.g. http://judge.models.svc:8000/v1."""
     model: str = pydantic.Field(min_length=1, max_length=512)
     """Model id sent in each request."""
     api_key_secret: SecretKeyRef | None = None
-    """Secret key holding the API key (sent as a Bearer token); unset for endpoints without auth."""
+    """Secret key holding the API key (sent as a Bearer token); unset for endpoints without auth. The
+    operator renders it as an env var from a secretKeyRef; it is never written to the config or logs."""
     timeout_seconds: float = pydantic.Field(default=60.0, gt=0.0, le=3600.0)
     """Per-request timeout."""
+    max_concurrency: int = pydantic.Field(default=16, ge=1, le=4096)
+    """Requests in flight at once from one process (rollout replica or trainer rank 0)."""
+    max_retries: int = pydantic.Field(default=5, ge=0, le=20)
+    """Retries of a request that failed with 429, 5xx, a timeout or a connection error (exponential
+    back-off with full jitter from 0.5 s, capped at 30 s; a Retry-After header is honoured)."""
+    give_up_after_seconds: float = pydantic.Field(default=300.0, ge=10.0, le=86400.0)
+    """An endpoint whose every request failed for this long ends the process with the classified error
+    (shown in the EndpointsReady condition; the pod restarts and checks again), instead of dropping
+    samples forever."""
 
 
 class RateLimit(base.APIModel):
@@ -117,6 +131,71 @@ class RateLimit(base.APIModel):
     """Bucket size: requests allowed at once after idling."""
 
 
+DEFAULT_JUDGE_TEMPLATE = (
+    "Score the assistant's answer from 0 to 10 (10: correct and complete).\n\n"
+    "Conversation:\n{conversation}\n\nReference answer: {reference}\n\n"
+    "Reply with the score only."
+)
+"""The judge prompt unless reward.judge.template is set."""
+
+
+class ScoreRange(base.APIModel):
+    """A numeric score: the last number in the judge's reply, mapped from [min, max] to [0, 1]."""
+
+    min: float = pydantic.Field(default=0.0, ge=-1e9, le=1e9)
+    """Lowest score the judge may give."""
+    max: float = pydantic.Field(default=10.0, ge=-1e9, le=1e9)
+    """Highest score the judge may give; a number outside [min, max] is a parse error (reward_error)."""
+
+
+_JUDGE_RULES = (
+    base.Rule(
+        cel="self.score.max > self.score.min",
+        message="score.max must be above score.min",
+        field_path=".score.max",
+        check=lambda j: j.score.max > j.score.min,
+    ),
+)
+
+
+class JudgeSpec(base.APIModel):
+    """How the judge (a generative reward model behind reward.endpoint) is asked and read."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_JUDGE_RULES))
+
+    template: str = pydantic.Field(default=DEFAULT_JUDGE_TEMPLATE, min_length=1, max_length=32768)
+    """The user message sent to the judge. `{name}` placeholders: `prompt` (the record's prompt),
+    `response` (the completion, or the last assistant turn), `conversation` (the whole conversation as
+    `role: content` lines; multi-turn episodes and gateway sessions are judged on it), `reference` (the
+    record's referenceKey field) and any top-level record field. `{{` and `}}` are literal braces."""
+    system: str | None = pydantic.Field(default=None, min_length=1, max_length=32768)
+    """Optional system message."""
+    reference_key: str = pydantic.Field(default="answer", min_length=1, max_length=256)
+    """Record field holding the reference answer (empty when the record has none)."""
+    score: ScoreRange = pydantic.Field(default_factory=ScoreRange)
+    """Numeric scores: the reward is (score - min) / (max - min). Unused when verdicts is set."""
+    verdicts: (
+        dict[
+            Annotated[str, pydantic.Field(min_length=1, max_length=64)],
+            Annotated[float, pydantic.Field(ge=-1e6, le=1e6)],
+        ]
+        | None
+    ) = pydantic.Field(default=None, min_length=1, max_length=32)
+    """Verdict words and their rewards, e.g. {correct: 1, incorrect: 0}: the first of them the reply
+    contains (whole word, case-insensitive) is the reward. When set, `score` is not used."""
+    max_tokens: int = pydantic.Field(default=64, ge=1, le=8192)
+    """Longest judge reply."""
+    temperature: float = pydantic.Field(default=0.0, ge=0.0, le=2.0)
+    """Judge sampling temperature."""
+    weight: float = pydantic.Field(default=1.0, ge=-1e6, le=1e6)
+    """The judge's weight in the reward: reward = functionWeight * function + weight * judge."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> JudgeSpec:
+        base.check_rules(self, _JUDGE_RULES)
+        return self
+
+
 _REWARD_RULES = (
     base.Rule(
         cel="self.type != 'judge' || has(self.endpoint)",
@@ -125,42 +204,70 @@ _REWARD_RULES = (
         check=lambda r: r.type != "judge" or r.endpoint is not None,
     ),
     base.Rule(
-        cel="self.type != 'function' || !has(self.endpoint)",
-        message="reward.endpoint is only used with reward.type judge",
+        cel="self.type != 'function' || (!has(self.endpoint) && !has(self.judge) && !has(self.rateLimit))",
+        message="reward.endpoint, reward.judge and reward.rateLimit are only used with reward.type judge",
         field_path=".endpoint",
-        check=lambda r: r.type != "function" or r.endpoint is None,
+        check=lambda r: (
+            r.type != "function" or (r.endpoint is None and r.judge is None and r.rate_limit is None)
+        ),
+    ),
+    base.Rule(
+        cel="self.functionWeight == 1.0 || (self.type == 'judge' && has(self.function))",
+        message="reward.functionWeight weighs a function against the judge: it needs reward.type judge"
+        " and reward.function",
+        field_path=".functionWeight",
+        check=lambda r: r.function_weight == 1.0 or (r.type == "judge" and r.function is not None),
     ),
 )
 
 
 class RewardSpec(base.APIModel):
-    """How a trajectory is scored."""
+    """How a trajectory is scored: a rule function, a judge, or both weighted."""
 
     model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_REWARD_RULES))
 
     type: Literal["function", "judge"] = "function"
-    """function: a Python rule function; judge: a generative reward model behind an endpoint."""
+    """function: a Python rule function; judge: a generative reward model behind an endpoint (plus
+    reward.function when set: reward = functionWeight * function + judge.weight * judge)."""
     function: str | None = pydantic.Field(default=None, pattern=IMPORT_PATH, max_length=512)
-    """For type function: "package.module:fn" called as fn(record, response_text) -> float. Required
-    unless data.prompts is `builtin:<task>`, whose task supplies its reward."""
+    """"package.module:fn" called as fn(record, response_text) -> float (or an `async def`). With type
+    function it is required unless data.prompts is `builtin:<task>`, whose task supplies its reward;
+    with type judge it is optional and added to the judge's score."""
+    function_weight: float = pydantic.Field(default=1.0, ge=-1e6, le=1e6)
+    """Weight of the function when combined with a judge."""
     endpoint: EndpointSpec | None = None
-    """For type judge: the judge endpoint."""
-    rate_limit: RateLimit = pydantic.Field(default_factory=RateLimit)
-    """Token-bucket limit on judge requests."""
+    """For type judge: the judge endpoint (chat completions)."""
+    judge: JudgeSpec | None = None
+    """For type judge: prompt template and score parser (defaults: a 0-10 score)."""
+    rate_limit: RateLimit | None = None
+    """For type judge: token bucket on judge requests per rollout replica (unset: 10 rps, burst 20)."""
 
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> RewardSpec:
         base.check_rules(self, _REWARD_RULES)
         return self
 
+    def judge_settings(self) -> JudgeSpec:
+        """reward.judge, or its defaults."""
+        return self.judge or JudgeSpec()
+
+    def judge_rate_limit(self) -> RateLimit:
+        """reward.rateLimit, or its defaults."""
+        return self.rate_limit or RateLimit()
+
 
 class TeacherSpec(base.APIModel):
-    """An optional teacher whose logprobs regularise the policy (on-policy distillation)."""
+    """An optional teacher whose logprobs regularise the policy (on-policy distillation): trainer rank 0
+    asks it for the logprobs of every generated token (completions API, prompt_logprobs on the token
+    ids, max_tokens 1: a vLLM server sharing the policy's tokenizer) and adds the per-token reverse-KL
+    term klCoef * (log pi_theta - log pi_teacher) to the loss."""
 
     endpoint: EndpointSpec
-    """The teacher endpoint (must return prompt logprobs)."""
+    """The teacher endpoint (must return prompt logprobs, as vLLM's OpenAI server does)."""
     kl_coef: float = pydantic.Field(default=0.1, ge=0.0, le=100.0)
     """Weight of the reverse-KL term to the teacher."""
+    rate_limit: RateLimit | None = None
+    """Token bucket on teacher requests from trainer rank 0 (unset: no limit beyond maxConcurrency)."""
 
 
 TOOL_PARSER = r"^([A-Za-z0-9_-]+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"

@@ -44,6 +44,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.ready"},
     {"name": "Trainer", "type": "string", "jsonPath": ".status.trainer.ready"},
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": ".status.reason",
+        "description": "The most pressing problem (details in kubectl describe: conditions)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -200,6 +200,7 @@ def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, name
         "QUEUE",
         "ROLLOUT",
         "TRAINER",
+        "REASON",
         "AGE",
     ]
     assert table[1].split()[:8] == ["math", "Running", "12", "11", "2", "37", "2/2", "1/1"]

@@ -29,6 +29,11 @@ a secretKeyRef (a secret, so never in the config file)."""
 GATEWAY_URL_ENV = "ASYNCRL_GATEWAY_URL"
 """Env var of a gateway job's rollout pods: the pod's own gateway URL (its DNS name through the rollout's
 headless Service), handed to agents for the sessions it opens (pod identity, so not in the config file)."""
+JUDGE_API_KEY_ENV = "ASYNCRL_JUDGE_API_KEY"
+"""Env var of a judge job's rollout pods: reward.endpoint's API key (secretKeyRef; the local runner passes
+the variable of the same name through from its own environment)."""
+TEACHER_API_KEY_ENV = "ASYNCRL_TEACHER_API_KEY"
+"""Env var of a teacher job's trainer pods: teacher.endpoint's API key (secretKeyRef, like the judge's)."""
 GATEWAY_PORT_ENV = "ASYNCRL_GATEWAY_PORT"
 """Overrides spec.agent.gateway.port: the local runner gives each replica on one host its own port."""
 

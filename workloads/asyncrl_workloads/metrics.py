@@ -15,7 +15,7 @@ import prometheus_client
 
 REGISTRY = prometheus_client.CollectorRegistry()
 _LABELS = ("namespace", "job", "role", "replica")
-DROP_REASONS = ("queue_full", "stale", "invalid", "store_lost")
+DROP_REASONS = ("queue_full", "stale", "invalid", "store_lost", "reward_error")
 TOKEN_DROP_REASONS = ("stale", "invalid")
 """The trainer sees the tokens of what it drops; a queue_full or store_lost drop never reaches it."""
 
@@ -33,8 +33,10 @@ def _gauge(name: str, doc: str) -> prometheus_client.Gauge:
     return prometheus_client.Gauge(name, doc, _LABELS, registry=REGISTRY)
 
 
-def _histogram(name: str, doc: str, buckets: tuple[float, ...]) -> prometheus_client.Histogram:
-    return prometheus_client.Histogram(name, doc, _LABELS, buckets=buckets, registry=REGISTRY)
+def _histogram(
+    name: str, doc: str, buckets: tuple[float, ...], extra: tuple[str, ...] = ()
+) -> prometheus_client.Histogram:
+    return prometheus_client.Histogram(name, doc, _LABELS + extra, buckets=buckets, registry=REGISTRY)
 
 
 # prometheus_client appends _total to counters itself.
@@ -119,6 +121,28 @@ GATEWAY_UNREWARDED = _counter(
     "asyncrl_gateway_unrewarded",
     "Gateway trajectories not published: no reward was set and the session had no record to score.",
 )
+ENDPOINT_NAMES = ("judge", "teacher")
+ENDPOINT_REQUESTS = _counter(
+    "asyncrl_endpoint_requests",
+    "Requests to an OpenAI-compatible endpoint (judge, teacher), one per attempt, by HTTP status code or,"
+    " when no answer came, the error class (Unreachable).",
+    ("endpoint", "code"),
+)
+ENDPOINT_LATENCY_SECONDS = _histogram(
+    "asyncrl_endpoint_latency_seconds",
+    "Endpoint request latency per attempt (answered or not).",
+    _SECONDS_BUCKETS,
+    ("endpoint",),
+)
+ENDPOINT_RATELIMIT_WAIT_SECONDS = _counter(
+    "asyncrl_endpoint_ratelimit_wait_seconds",
+    "Time requests waited on the endpoint's token bucket.",
+    ("endpoint",),
+)
+TEACHER_KL = _gauge(
+    "asyncrl_teacher_kl",
+    "Mean per-token reverse KL to the teacher (log pi_theta - log pi_teacher) of the last step's tokens.",
+)
 PREEMPTED = _counter("asyncrl_preempted", "In-flight requests interrupted by a weight update.")
 PUBLISH_BLOCKED_SECONDS = _counter(
     "asyncrl_bus_publish_blocked_seconds", "Time publishers backed off on a full queue (whenFull: block)."
@@ -176,6 +200,16 @@ class Bound:
         self.gateway_request_seconds = GATEWAY_REQUEST_SECONDS.labels(*values)
         self.gateway_tokens = {k: GATEWAY_TOKENS.labels(*values, k) for k in ("prompt", "completion")}
         self.gateway_unrewarded = GATEWAY_UNREWARDED.labels(*values)
+
+        self.teacher_kl = TEACHER_KL.labels(*values)
+        self.endpoint_latency = {e: ENDPOINT_LATENCY_SECONDS.labels(*values, e) for e in ENDPOINT_NAMES}
+        self.endpoint_ratelimit_wait = {
+            e: ENDPOINT_RATELIMIT_WAIT_SECONDS.labels(*values, e) for e in ENDPOINT_NAMES
+        }
+
+    def endpoint_requests_by(self, endpoint: str, code: str) -> prometheus_client.Counter:
+        """Bounded: ``endpoint`` is judge or teacher; ``code`` an HTTP status or an error class name."""
+        return ENDPOINT_REQUESTS.labels(*self._values, endpoint, code)
 
     def tool_calls_by(self, tool: str, outcome: str) -> prometheus_client.Counter:
         """``asyncrl_tool_calls_total`` for one tool and outcome. Bounded: callers pass a configured

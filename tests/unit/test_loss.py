@@ -95,3 +95,54 @@ def test_on_policy_corrections_agree_with_plain_ppo():
     ]
     assert values == pytest.approx([values[0]] * 3)
     assert math.isfinite(values[0])
+
+
+def _teacher_inputs(num_tokens=5.0):
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.5, -4.0]], requires_grad=True)
+    teacher = torch.tensor([[-1.5, -1.0, -0.5], [-0.8, -3.5, 0.0]])  # row 1 token 2: padding
+    inputs = loss.LossInputs(
+        logprobs=logprobs,
+        proximal_logprobs=logprobs.detach(),
+        behaviour_logprobs=logprobs.detach(),
+        advantages=torch.zeros(2),
+        mask=torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]),
+        num_tokens=num_tokens,
+    )
+    return inputs, teacher
+
+
+def test_teacher_kl_value_is_the_masked_mean_log_ratio_times_the_coefficient():
+    # delta = logp - teacher = [[0.5, -1.0, 0.0], [0.5, 2.0, (-4.0 masked)]]; masked sum 2.0 over 5 tokens
+    # value = klCoef 2 * 2.0 / 5 = 0.8; teacher_kl = 2.0 / 5 = 0.4
+    inputs, teacher = _teacher_inputs()
+    value, metrics = loss.teacher_kl_loss(inputs, teacher, kl_coef=2.0)
+    assert float(value.detach()) == pytest.approx(0.8, abs=1e-6)
+    assert metrics["teacher_kl"] == pytest.approx(0.4, abs=1e-6)
+
+
+def test_teacher_kl_gradient_is_the_log_ratio_times_the_score():
+    # d/dlogp_t = klCoef * mask_t * delta_t / num_tokens = 2/5 * [[0.5, -1, 0], [0.5, 2, 0]]:
+    # tokens the policy likes more than the teacher are pushed down, the others up; padding gets nothing
+    inputs, teacher = _teacher_inputs()
+    value, _ = loss.teacher_kl_loss(inputs, teacher, kl_coef=2.0)
+    value.backward()
+    assert inputs.logprobs.grad.tolist() == [
+        pytest.approx([0.2, -0.4, 0.0], abs=1e-6),
+        pytest.approx([0.2, 0.8, 0.0], abs=1e-6),
+    ]
+
+
+def test_teacher_kl_is_normalised_by_the_global_token_count():
+    # another rank holds 5 more tokens: value 2 * 2.0 / 10 = 0.4; the metric stays this rank's mean 0.4
+    inputs, teacher = _teacher_inputs(num_tokens=10.0)
+    value, metrics = loss.teacher_kl_loss(inputs, teacher, kl_coef=2.0)
+    assert float(value.detach()) == pytest.approx(0.4, abs=1e-6)
+    assert metrics["teacher_kl"] == pytest.approx(0.4, abs=1e-6)
+
+
+def test_teacher_kl_is_zero_where_the_policy_matches_the_teacher():
+    inputs, _ = _teacher_inputs()
+    value, metrics = loss.teacher_kl_loss(inputs, inputs.logprobs.detach(), kl_coef=2.0)
+    value.backward()
+    assert float(value.detach()) == 0.0 and metrics["teacher_kl"] == 0.0
+    assert inputs.logprobs.grad.abs().sum().item() == 0.0

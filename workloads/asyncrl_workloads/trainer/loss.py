@@ -10,8 +10,12 @@ Called by trainer/backend.py once per micro-batch. All tensors are token-aligned
 
 Losses are token-level means (DAPO, Yu et al. 2025) over `num_tokens`, the trained-token count of the
 *global* batch, so data-parallel ranks holding different token counts still sum to one mean. Each loss
-returns `(loss, metrics)` where metrics are detached Python floats. No KL-to-reference term: there is no
-reference model in this trainer (spec.trainer.algorithm.kl must be 0; see backend.py).
+returns `(loss, metrics)` where metrics are detached Python floats.
+
+A job with spec.teacher adds `teacher_kl_loss` (reverse KL to the teacher on generated tokens, on-policy
+distillation) to the policy loss; its `teacher_logprobs` (B, T) come from the teacher endpoint
+(trainer/teacher.py). No KL-to-reference term: there is no reference model in this trainer
+(spec.trainer.algorithm.kl > 0 is refused at admission).
 """
 
 from __future__ import annotations
@@ -167,3 +171,38 @@ LOSSES: dict[str, Callable[[LossInputs, ClipSettings], tuple[torch.Tensor, Metri
     "decoupled": decoupled_ppo_loss,
     "tis": tis_ppo_loss,
 }
+
+
+# --- distillation -----------------------------------------------------------------------------------
+
+
+def teacher_kl_loss(
+    inputs: LossInputs, teacher_logprobs: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, Metrics]:
+    """Per-token reverse KL to a teacher on the generated tokens (on-policy distillation: Agarwal et al.
+    2024, GKD, arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv 2306.08543; Thinking Machines' "On-Policy
+    Distillation", 2025; prime-rl's teacher via prompt logprobs; slime's teacher advantage shaping):
+
+        delta_t = sg(log pi_theta(a_t) - log pi_T(a_t))            (the k1 estimate of KL(pi_theta || pi_T))
+        L       = klCoef * sum_t mask_t * delta_t * pi_theta(a_t) / sg(pi_theta(a_t)) / num_tokens
+
+    Value: klCoef * mean_t delta_t (pi_theta / sg(pi_theta) = 1). Gradient: klCoef * mean_t delta_t *
+    grad log pi_theta(a_t), the score-function gradient of the reverse KL with each token's own delta as
+    its (negated) reward, as if the advantage were A_t - klCoef * delta_t (slime, prime-rl) with discount
+    0 (Thinking Machines): the future tokens' deltas, which the exact sequence-level gradient would also
+    credit to a_t, are left out, and so is the exact full-vocabulary KL (the teacher returns only the
+    sampled token's logprob). Differentiating klCoef * delta_t itself would give klCoef * grad log
+    pi_theta, which has expectation zero: it would not move the policy toward the teacher.
+
+    Off-policy: the tokens were sampled by the behaviour policy (the rollout engine, up to maxStaleness
+    versions old), and the term is taken on them without an importance weight or clipping, as the
+    references do; tool output and padding (mask 0) carry no term. log pi_theta is at the sampling
+    temperature (backend.py), the teacher's at temperature 1 (prompt logprobs).
+
+    teacher_logprobs (B, T), aligned with inputs.logprobs; metrics: teacher_kl, the masked mean delta_t.
+    """
+    logprobs, mask = inputs.logprobs, inputs.mask  # (B, T)
+    delta = (logprobs - teacher_logprobs).detach()  # (B, T)
+    score = torch.exp(logprobs - logprobs.detach())  # (B, T): 1 in value, grad log pi_theta in gradient
+    loss = kl_coef * _reduce(delta * score, mask, inputs.num_tokens)
+    return loss, {"teacher_kl": _masked_mean(delta, mask)}

@@ -108,6 +108,16 @@ def test_ledger_survives_a_restart_and_recognises_trained_and_dropped_ids(tmp_pa
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_ledger_counts_samples_the_teacher_gave_no_logprobs_for_as_acked_and_seen(tmp_path):
+    path = tmp_path / checkpoint.LEDGER
+    ledger = checkpoint.Ledger.load(path)
+    ledger.record_step(1, 0, ["a"])
+    ledger.record_drops([], [], reward_error_ids=["t-1", "t-2"])
+    again = checkpoint.Ledger.load(path)
+    assert again.seen("t-1") and again.seen("t-2")  # a redelivery is acked, never trained
+    assert (again.consumed_total, again.dropped_reward_error, again.acked_total) == (1, 2, 3)
+
+
 def test_ledger_forgets_old_steps_only_after_the_time_window(tmp_path):
     ledger = checkpoint.Ledger.load(tmp_path / checkpoint.LEDGER, keep_seconds=0.0)
     ledger.keep_steps = 2

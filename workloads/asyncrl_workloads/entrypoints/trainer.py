@@ -1,7 +1,10 @@
 """`asyncrl-trainer --config /etc/asyncrl/job.json`: the trainer pod's command (torchrun-compatible).
 
 Parses and checks the rendered config before importing torch, so a bad config fails in a second with one
-line on stderr and exit code 2; a startup failure (NATS unreachable, ...) exits 1 with one line.
+line on stderr and exit code 2; a startup failure (NATS unreachable, ...) exits 1 with one line. A job with
+spec.teacher: rank 0 checks the teacher first (prompt logprobs, trainer/teacher.py); a failed check, or a
+teacher that fails for giveUpAfterSeconds while training, exits 3 with the classified line on stderr and
+in the termination message (the operator's EndpointsReady condition).
 Identity comes from the environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun
 or the operator's StatefulSet), ASYNCRL_METRICS_PORT, ASYNCRL_PROGRESS_FILE, ASYNCRL_STEP_LOG (local).
 """
@@ -17,7 +20,11 @@ import urllib.parse
 
 from asyncrl_api import config as config_mod
 
+from asyncrl_workloads.endpoints import settings
 from asyncrl_workloads.entrypoints import common
+
+ENDPOINT_EXIT_CODE = 3
+"""A teacher that failed its check or gave up (rollouts use the same code for the judge)."""
 
 
 def _fail(code: int, message: str) -> int:
@@ -46,14 +53,33 @@ def main(argv: list[str] | None = None) -> int:
         why = _reachable(cfg.endpoints.nats_url)
         if why is not None:
             return _fail(1, f"endpoints.natsUrl: cannot reach NATS at {cfg.endpoints.nats_url}: {why}")
+        refused = _check_teacher(cfg)
+        if refused is not None:
+            return refused
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(name)s: %(message)s")
     from asyncrl_workloads.trainer import main as trainer_main  # heavy: torch, transformers
+    from asyncrl_workloads.trainer import teacher
 
     try:
         trainer_main.run(cfg)
     except trainer_main.StartupError as exc:
         return _fail(1, str(exc))
+    except teacher.GaveUp as exc:
+        return _fail(ENDPOINT_EXIT_CODE, str(exc))
     return 0
+
+
+def _check_teacher(cfg: config_mod.JobConfig) -> int | None:
+    """A teacher job's prompt-logprobs check (trainer/teacher.py); the exit code when it fails."""
+    if cfg.spec.teacher is None:
+        return None
+    from asyncrl_workloads.trainer import teacher  # the openai SDK: loaded only for a teacher job here
+
+    try:
+        teacher.preflight(settings.teacher(cfg.spec))
+    except teacher.GaveUp as exc:
+        return _fail(ENDPOINT_EXIT_CODE, str(exc))
+    return None
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ One step (GRPO/PPO over a step's groups, as in PPO's "old policy" scheme):
      its length-sorted micro-batches (``micro_batches``: gradients accumulate), clip the gradient
      norm, optimizer step - skipped (and counted) when the norm is not finite, so one
      bad batch cannot poison the weights every rollout then receives.
+With spec.teacher each micro-batch's loss also gets loss.teacher_kl_loss on the teacher logprobs the
+batch carries (rank 0 fetched them, trainer/teacher.py); its token-weighted mean is `teacher_kl`.
 Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM) in float32,
 log_softmax(logits / temperature), matching what the rollout engine sampled from.
 """
@@ -24,7 +26,7 @@ import abc
 import dataclasses
 import importlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +52,8 @@ class TrainSettings:
     split into length-sorted micro-batches of at most this size, gradients accumulated."""
     temperature: float = 1.0
     seed: int = 0
+    teacher_kl_coef: float | None = None
+    """spec.teacher.klCoef; None when the job has no teacher (then no distillation term)."""
 
 
 class TrainerBackend(abc.ABC):
@@ -59,8 +63,11 @@ class TrainerBackend(abc.ABC):
     def __init__(self, settings: TrainSettings, world: fsdp.World) -> None: ...
 
     @abc.abstractmethod
-    def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
-        """One training step on the (same, on every rank) batch; returns metrics (rank-local)."""
+    def step(
+        self, batch: list[trajectory_mod.Trajectory], teacher: Mapping[str, Sequence[float]] | None = None
+    ) -> dict[str, float]:
+        """One training step on the (same, on every rank) batch; returns metrics (rank-local). `teacher`:
+        trajectory id -> (R,) teacher logprobs of its response tokens, for every sample of a teacher job."""
 
     @abc.abstractmethod
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -159,8 +166,12 @@ class FSDP2Backend(TrainerBackend):
 
     # --- the step -------------------------------------------------------------------------------
 
-    def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
+    def step(
+        self, batch: list[trajectory_mod.Trajectory], teacher: Mapping[str, Sequence[float]] | None = None
+    ) -> dict[str, float]:
         s = self.settings
+        if s.teacher_kl_coef is not None and teacher is None:
+            raise ValueError("a teacher job's batch came without teacher logprobs")
         rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)  # (N,)
         advantages = loss.ADVANTAGES[s.algorithm](rewards, [t.group_id for t in batch])  # (N,)
         adv_of = {t.id: float(a) for t, a in zip(batch, advantages, strict=True)}
@@ -208,6 +219,12 @@ class FSDP2Backend(TrainerBackend):
                     num_tokens=global_tokens,
                 )
                 part, metrics = loss.LOSSES[s.correction](inputs, s.clip)
+                if s.teacher_kl_coef is not None and teacher is not None:
+                    rows = [list(teacher[t.id]) for t in mine]
+                    teacher_logprobs = _pad(rows, 0.0, torch.float32).to(dev)  # (B, R)
+                    kl_part, kl_metrics = loss.teacher_kl_loss(inputs, teacher_logprobs, s.teacher_kl_coef)
+                    part = part + kl_part
+                    metrics.update(kl_metrics)
                 # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum
                 (part * self.world.size).backward()  # type: ignore[no-untyped-call]
                 value += float(part.detach())
@@ -274,7 +291,9 @@ class MegatronBackend(TrainerBackend):
             "a Python >= 3.12 release); use backend: fsdp2"
         )
 
-    def step(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, float]:
+    def step(
+        self, batch: list[trajectory_mod.Trajectory], teacher: Mapping[str, Sequence[float]] | None = None
+    ) -> dict[str, float]:
         raise NotImplementedError
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -43,6 +43,7 @@ _STREAM_COUNTERS = (
     "queue_full_current",
     "queue_full_earlier",
     "stream_held_old",
+    "dropped_reward_error",
 )
 _PREFIX = "step-"
 _STREAMS_LEFT_KEPT = 8
@@ -65,10 +66,12 @@ class Ledger:
     step: int = 0
     param_version: int = 0
     acked_total: int = 0
-    """Every message the trainer acked (or is about to): consumed + dropped stale + dropped invalid."""
+    """Every message the trainer acked (or is about to): consumed + dropped (stale, invalid, reward_error)."""
     consumed_total: int = 0
     dropped_stale: int = 0
     dropped_invalid: int = 0
+    dropped_reward_error: int = 0
+    """Samples the teacher gave no logprobs for (trainer/teacher.py): never trained with a made-up value."""
     lost_with_store: int = 0
     """Samples lost with the bus's store (NATS came back without it), counted when the trainer finds
     the stream created again: at least what the old stream held at the trainer's last look."""
@@ -138,14 +141,21 @@ class Ledger:
         self._remember(step, ids)
 
     def record_drops(
-        self, stale_ids: list[str], invalid_ids: list[str], undecodable: int = 0, elsewhere: int = 0
+        self,
+        stale_ids: list[str],
+        invalid_ids: list[str],
+        undecodable: int = 0,
+        elsewhere: int = 0,
+        reward_error_ids: list[str] | None = None,
     ) -> None:
         """Samples about to be acked without training (`undecodable` ones have no id), `elsewhere` of
         them pulled from an earlier stream. Persisted first."""
+        reward_error_ids = reward_error_ids or []
         self.dropped_stale += len(stale_ids)
         self.dropped_invalid += len(invalid_ids) + undecodable
+        self.dropped_reward_error += len(reward_error_ids)
         self._from_old_stream(elsewhere)
-        self._remember(self.step, stale_ids + invalid_ids)
+        self._remember(self.step, stale_ids + invalid_ids + reward_error_ids)
 
     def old_copy_replaced(self) -> None:
         """A held message of an earlier stream was replaced by its copy in the current one (the rollout
@@ -210,7 +220,9 @@ class Ledger:
         horizon = steps[-self.keep_steps] if len(steps) > self.keep_steps else steps[0]
         self.recent = [r for r in self.recent if r[0] >= horizon or now - r[1] <= self.keep_seconds]
         self._seen = {i for _, _, r in self.recent for i in r}
-        self.acked_total = self.consumed_total + self.dropped_stale + self.dropped_invalid
+        self.acked_total = (
+            self.consumed_total + self.dropped_stale + self.dropped_invalid + self.dropped_reward_error
+        )
         self.save()
 
     def save(self) -> None:

@@ -1,7 +1,8 @@
 """Trainer rank 0's intake: pull from the bus, drop what may not be trained, hand out whole batches.
 
-Called by trainer/loop.py once per step (`next_batch`) and after each step (`ack`). For every pulled
-message, in order:
+Called by trainer/loop.py once per step (`next_batch`), for the samples of a chosen batch the teacher
+gave no logprobs for (`drop_reward_errors`), and after each step (`ack`). For every pulled message, in
+order:
 
 1. undecodable or malformed -> acked, counted dropped{reason=invalid};
 2. id already in the ledger (a redelivery of a sample trained or dropped before a crash) -> acked,
@@ -160,6 +161,19 @@ class Inbox:
         if held is not None and held.stream != rec.stream == self.consumer.stream_created:
             self.batcher.replace(traj, rec)
             self.ledger.old_copy_replaced()
+
+    async def drop_reward_errors(self, received: list[jetstream.Received]) -> None:
+        """Samples of a chosen batch the teacher gave no logprobs for: recorded, acked, counted
+        dropped{reason=reward_error} (trainer/teacher.py); their group trains without them."""
+        self.ledger.record_drops(
+            [],
+            [],
+            elsewhere=self.elsewhere(received),
+            reward_error_ids=[r.trajectory.id for r in received if r.trajectory is not None],
+        )
+        for rec in received:
+            await self.consumer.ack(rec)
+        self.metrics.dropped["reward_error"].inc(len(received))
 
     async def _drop(self, stale: list[jetstream.Received], invalid: list[jetstream.Received]) -> None:
         if not stale and not invalid:

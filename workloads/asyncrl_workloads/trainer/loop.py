@@ -19,6 +19,12 @@ Other ranks mirror rank 0: every decision after a step (checkpoint, sync) is a f
 number, so only the batch travels. While rank 0 waits for data it broadcasts a heartbeat so the other
 ranks' collectives never hit the process-group timeout. Left out: validation runs, KL to a reference.
 
+With spec.teacher, rank 0 asks the teacher for the logprobs of every chosen sample's response
+(trainer/teacher.py) before broadcasting the batch, and the batch carries them to every rank (the
+backend adds the reverse-KL term). A sample the teacher gave none for is dropped from the step, counted
+dropped{reason="reward_error"} and acked like a stale one; a teacher that has failed for
+giveUpAfterSeconds ends the trainer (teacher.GaveUp) with its samples unacked, so they come back.
+
 What rank 0 records about each step (counters, metrics, the JSON step log, the progress report)
 lives in trainer/steplog.py.
 """
@@ -38,6 +44,7 @@ from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import codec, jetstream
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress, steplog
+from asyncrl_workloads.trainer import teacher as teacher_mod
 from asyncrl_workloads.weightsync import checksum
 
 log = logging.getLogger(__name__)
@@ -92,7 +99,8 @@ class Follower:
                 assert self.checkpointer is not None
                 self.checkpointer.save(state.step, self.backend, {})
             elif kind == "batch":
-                self.backend.step(payload)
+                trajs, teacher_logprobs = payload
+                self.backend.step(trajs, teacher_logprobs)
                 state.step += 1
                 if self.metrics is not None:
                     self.metrics.trainer_step.set(state.step)
@@ -118,11 +126,13 @@ class Leader:
         sender: Any,
         metrics: metrics_mod.Bound,
         reporter: progress.Reporter,
+        teacher: teacher_mod.Teacher | None = None,
     ) -> None:
         self.settings, self.world, self.backend = settings, world, backend
         self.checkpointer, self.intake, self.nc = checkpointer, intake, nc
         self.announce_subject, self.sender = announce_subject, sender
         self.metrics = metrics
+        self.teacher = teacher
         self.steplog = steplog.StepLog(settings.step_log, intake, metrics, reporter)
 
     async def _bcast(self, message: tuple[str, Any]) -> None:
@@ -149,9 +159,14 @@ class Leader:
             if taken is None:
                 break
             waited = time.monotonic() - t0
+            teacher_logprobs = None
+            if self.teacher is not None:
+                taken, teacher_logprobs = await self._ask_teacher(self.teacher, taken)
+                if not taken:
+                    continue
             trajs = [t.trajectory for t in taken]
-            await self._bcast(("batch", trajs))
-            step_metrics = await asyncio.to_thread(self.backend.step, trajs)
+            await self._bcast(("batch", (trajs, teacher_logprobs)))
+            step_metrics = await asyncio.to_thread(self.backend.step, trajs, teacher_logprobs)
             step_metrics.update(self._fresh_gap(taken, state.version))
             state.step += 1
             state.step_time = time.time()
@@ -190,6 +205,30 @@ class Leader:
         await self._bcast(("stop", None))
         await self.steplog.refresh_queue()
         self._report(state, {}, force=True)
+
+    async def _ask_teacher(
+        self, teacher: teacher_mod.Teacher, taken: list[inbox.Taken]
+    ) -> tuple[list[inbox.Taken], dict[str, list[float]]]:
+        """The step's samples the teacher scored and their logprobs; the others are dropped (acked). While
+        the calls run, the other ranks get heartbeats (retries may take minutes)."""
+        fetching = asyncio.ensure_future(teacher.fetch([t.trajectory for t in taken]))
+        while not fetching.done():
+            await asyncio.wait({fetching}, timeout=HEARTBEAT_S)
+            if not fetching.done():
+                await self._bcast(("idle", None))
+        fetched = fetching.result()
+        error = teacher.gave_up()
+        if error is not None:
+            await self._bcast(("stop", None))
+            raise teacher_mod.GaveUp(error)
+        failed = [t for t in taken if t.trajectory.id in fetched.failed]
+        if failed:
+            log.warning(
+                "teacher: %d of %d samples dropped (no logprobs): %s",
+                len(failed), len(taken), fetched.failed[failed[0].trajectory.id],
+            )  # fmt: skip
+            await self.intake.drop_reward_errors([t.received for t in failed])
+        return [t for t in taken if t.trajectory.id in fetched.logprobs], fetched.logprobs
 
     def _fresh_gap(self, taken: list[inbox.Taken], version: int) -> dict[str, float]:
         """Logprob gap between trainer and engine on samples generated entirely by the current version."""

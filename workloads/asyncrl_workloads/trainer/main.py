@@ -24,9 +24,11 @@ from asyncrl_api import config as config_mod
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream, subjects
+from asyncrl_workloads.endpoints import settings as endpoint_settings
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import batcher as batcher_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, loop, loss, progress, staleness
+from asyncrl_workloads.trainer import teacher as teacher_mod
 
 log = logging.getLogger(__name__)
 STEP_LOG_ENV = "ASYNCRL_STEP_LOG"
@@ -57,6 +59,7 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
         updates_per_step=spec.trainer.batch.mini_batches * spec.async_.require_batches,
         micro_batch_tokens=spec.trainer.batch.micro_batch_tokens,
         temperature=spec.rollout.sampling.temperature or 1.0,
+        teacher_kl_coef=spec.teacher.kl_coef if spec.teacher is not None else None,
     )
 
 
@@ -122,7 +125,11 @@ async def _lead(
     spec = cfg.spec
     nc = await _connect(cfg.endpoints.nats_url)
     sender = None
+    teacher = None
     try:
+        if spec.teacher is not None:  # checked at start by entrypoints/trainer.py (teacher.preflight)
+            teacher = teacher_mod.Teacher(endpoint_settings.teacher(spec), bound)
+            teacher.start()
         js = nc.jetstream()
         streams = stream_settings(cfg)
         await jetstream.ensure_stream(js, streams)
@@ -160,6 +167,7 @@ async def _lead(
             sender,
             bound,
             reporter,
+            teacher,
         )
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -170,6 +178,8 @@ async def _lead(
     finally:
         if sender is not None:
             sender.close()
+        if teacher is not None:
+            teacher.close()
         await nc.close()
 
 

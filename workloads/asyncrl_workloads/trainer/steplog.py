@@ -7,9 +7,10 @@ the end.
 
 The step log is one JSON object per line, appended to ``LoopSettings.step_log`` (the local runner,
 the e2e tests and tools/asyncrl_testing/bench_modes.py read it): ``step``, ``time``, ``version``,
-the backend's step metrics, ``staleness`` and ``ids`` of the step's samples (in batch order),
-``counters`` (see ``counters``), ``sync`` (the sync report, or null when the step did not sync) and,
-when catch-up rounds ran since the previous step, ``catch_up`` (their sync reports).
+the backend's step metrics (with ``teacher_kl`` for a teacher job), ``staleness`` and ``ids`` of the
+step's samples (in batch order), ``counters`` (see ``counters``), ``sync`` (the sync report, or null
+when the step did not sync) and, when catch-up rounds ran since the previous step, ``catch_up`` (their
+sync reports).
 
 The progress report is the job's ``status.progress`` (trainer/progress.py throttles and writes it)
 with local extras: the last step's mean reward, samples per second since this process started and
@@ -103,6 +104,7 @@ class StepLog:
             "dropped_stale": led.dropped_stale,
             "dropped_stale_tokens": self.intake.dropped_stale_tokens,
             "dropped_invalid": led.dropped_invalid,
+            "dropped_reward_error": led.dropped_reward_error,
             "dropped_queue_full": led.queue_full_earlier + led.queue_full_current,
             "dropped_store_lost": led.lost_with_store,
             "queue_depth": self.queue_depth,
@@ -123,6 +125,8 @@ class StepLog:
         m = self.metrics
         m.trainer_step.set(step)
         m.trainer_last_step_ts.set(time.time())
+        if "teacher_kl" in step_metrics:  # a teacher job (backend.py)
+            m.teacher_kl.set(step_metrics["teacher_kl"])
         catch_ups, self.catch_ups = self.catch_ups, []
         if self.path is None:
             return

@@ -135,6 +135,28 @@ def test_unknown_downward_api_field_is_refused():
         pods.container_env(secret, "p-0", "ns", 0, {})
 
 
+def test_the_teachers_api_key_comes_from_the_runners_environment_and_stays_out_of_pods_json():
+    body = jobs.load_example("tiny-cpu.yaml")
+    body["spec"]["teacher"] = {
+        "endpoint": {
+            "baseURL": "http://127.0.0.1:8000/v1",
+            "model": "teacher",
+            "apiKeySecret": {"name": "teacher-key", "key": "apiKey"},
+        }
+    }
+    manifests = render.render(models.AsyncRLJob.model_validate(body))
+    cfg = pods.localize_config(pods.job_json(manifests), "nats://127.0.0.1:4333", 1, 2, 3)
+    ports = itertools.count(40000)
+    environ = {config.TEACHER_API_KEY_ENV: "sk-local-teacher\n"}  # kept exactly, newline and all
+    local = pods.expand(manifests, CONFIG_PATH, cfg, lambda: next(ports), environ=environ)
+    assert [p.env.get(config.TEACHER_API_KEY_ENV) for p in local] == ["sk-local-teacher\n", None, None]
+    assert "sk-local-teacher" not in pods.describe(local)
+    assert json.loads(pods.describe(local))[0]["env"][config.TEACHER_API_KEY_ENV] == "(secret)"
+    # no key in the runner's environment: the variable is left unset (a server that wants one says 401)
+    local = pods.expand(manifests, CONFIG_PATH, cfg, lambda: next(ports), environ={})
+    assert all(config.TEACHER_API_KEY_ENV not in p.env for p in local)
+
+
 def test_missing_role_statefulset_is_reported():
     job = models.AsyncRLJob.model_validate(jobs.load_example("tiny-cpu.yaml"))
     manifests = [

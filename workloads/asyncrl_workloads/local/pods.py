@@ -14,6 +14,9 @@ references in the command expanded from that env. Local differences, all explici
 - a gateway job's rollout replica i serves the gateway on spec port + i at 127.0.0.1 (`local.gateway`:
   ASYNCRL_GATEWAY_PORT and ASYNCRL_GATEWAY_URL replace the pod's DNS name), and the admin key's
   `secretKeyRef` resolves to the run's key (the only Secret a local run has);
+- an endpoint's API key (the judge's on rollouts, the teacher's on trainers: a `secretKeyRef` env var named
+  in `ENDPOINT_KEY_ENVS`) is the runner's own variable of that name, or left unset when it has none (the
+  endpoint then gets no key; one that wants a key answers 401 and the message names the Secret);
 - a bare console-script name (asyncrl-trainer) resolves to the running interpreter's scripts dir.
 """
 
@@ -36,6 +39,9 @@ from asyncrl_workloads.local import process
 ROLE_LABEL = "asyncrl.dev/role"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 ROLES = ("trainer", "rollout")  # start order: the trainer hosts the weight-sync rendezvous
+ENDPOINT_KEY_ENVS = (config.JUDGE_API_KEY_ENV, config.TEACHER_API_KEY_ENV)
+SECRET_ENVS = (*ENDPOINT_KEY_ENVS, gateway_mod.ADMIN_KEY_ENV)
+"""Env vars whose values `describe` leaves out of pods.json."""
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -131,11 +137,14 @@ def container_env(
     ordinal: int,
     labels: Mapping[str, str],
     secrets: Mapping[tuple[str, str], str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The container's env as the kubelet resolves it (in order; later entries may use earlier ones).
-    `secrets`: (Secret name, key) -> value, the Secrets this local run has."""
+    `secrets`: (Secret name, key) -> value, the Secrets this local run has; `environ`: the runner's own
+    environment, where an endpoint's API key (`ENDPOINT_KEY_ENVS`) comes from."""
     env: dict[str, str] = {}
     secrets = secrets or {}
+    environ = environ or {}
     for item in container.get("env", []):
         source = item.get("valueFrom", {})
         secret = source.get("secretKeyRef", {})
@@ -146,10 +155,13 @@ def container_env(
             env[item["name"]] = field_value(path, pod_name, namespace, ordinal, labels)
         elif (secret.get("name"), secret.get("key")) in secrets:
             env[item["name"]] = secrets[(secret["name"], secret["key"])]
+        elif secret and item["name"] in ENDPOINT_KEY_ENVS:
+            if item["name"] in environ:
+                env[item["name"]] = environ[item["name"]]
         else:
             raise RenderedJobError(
-                f"env {item.get('name')!r}: only value, fieldRef and the gateway's admin key Secret are "
-                "supported locally"
+                f"env {item.get('name')!r}: only value, fieldRef, the gateway's admin key Secret and the "
+                "endpoints' API keys (from the runner's environment) are supported locally"
             )
     return env
 
@@ -171,12 +183,13 @@ def expand(
     next_port: Callable[[], int],
     replicas: Mapping[str, int] | None = None,
     gateway: gateway_mod.LocalGateway | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> list[LocalPod]:
     """Every replica of the trainer and rollout StatefulSets as a `LocalPod` (trainer first).
 
     `cfg` is the localized config (its torch master port is used); `next_port` hands out metrics ports;
     `replicas` overrides a role's replica count (default: the StatefulSet's spec.replicas); `gateway`:
-    a gateway job's local admin key and ports.
+    a gateway job's local admin key and ports; `environ`: the runner's environment (endpoint API keys).
     """
     secrets = gateway.secrets() if gateway is not None else {}
     pods: list[LocalPod] = []
@@ -190,7 +203,7 @@ def expand(
         container = containers[0]
         for ordinal in range(count):
             pod_name = f"{statefulset['metadata']['name']}-{ordinal}"
-            env = container_env(container, pod_name, cfg.namespace, ordinal, labels, secrets)
+            env = container_env(container, pod_name, cfg.namespace, ordinal, labels, secrets, environ)
             if role == "rollout" and gateway is not None:
                 env.update(gateway.pod_env(ordinal))
             if "MASTER_ADDR" in env:
@@ -211,8 +224,9 @@ def expand(
 
 
 def describe(pods: list[LocalPod]) -> str:
-    """A JSON summary (written to the run dir, so a run says exactly what it started); the gateway's admin
-    key is left out (it is in the run dir's gateway.json, readable by its owner only)."""
+    """A JSON summary (written to the run dir, so a run says exactly what it started); keys are left out
+    (`SECRET_ENVS`: the gateway's admin key is in the run dir's gateway.json, readable by its owner only;
+    endpoint keys in the user's environment only)."""
     return json.dumps(
         [
             {
@@ -220,7 +234,7 @@ def describe(pods: list[LocalPod]) -> str:
                 "role": p.role,
                 "replica": p.replica,
                 "argv": list(p.argv),
-                "env": {k: "(secret)" if k == gateway_mod.ADMIN_KEY_ENV else v for k, v in p.env.items()},
+                "env": {k: "(secret)" if k in SECRET_ENVS else v for k, v in p.env.items()},
                 "metricsPort": p.metrics_port,
                 "cpus": sorted(p.cpus) if p.cpus is not None else None,
             }

@@ -246,7 +246,9 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         )
         config_path = run_dir / "job.json"
         config_path.write_text(cfg.model_dump_json(by_alias=True, exclude_none=True, indent=2))
-        local_pods = pods.expand(manifests, config_path, cfg, process.free_port, gateway=local_gateway)
+        local_pods = pods.expand(
+            manifests, config_path, cfg, process.free_port, gateway=local_gateway, environ=os.environ
+        )
         (run_dir / "pods.json").write_text(pods.describe(local_pods))
         info_path = gateway.write_info(local_gateway, run_dir) if local_gateway is not None else None
         base_env = {

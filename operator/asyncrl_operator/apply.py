@@ -19,12 +19,14 @@ from asyncrl_operator.render import names
 
 Body = dict[str, Any]
 
-# kind -> (plural, namespaced). Every kind render() emits, plus Pods and our own jobs.
+# kind -> plural. Every kind render() emits, plus Pods, Secrets (only ever read one by one, to check a key
+# the spec names exists: reconcile._secret_problems) and our own jobs.
 PLURALS: dict[str, str] = {
     "ConfigMap": "configmaps",
     "Service": "services",
     "ServiceAccount": "serviceaccounts",
     "Pod": "pods",
+    "Secret": "secrets",
     "StatefulSet": "statefulsets",
     "NetworkPolicy": "networkpolicies",
     "Role": "roles",
@@ -36,6 +38,7 @@ API_VERSIONS: dict[str, str] = {
     "Service": "v1",
     "ServiceAccount": "v1",
     "Pod": "v1",
+    "Secret": "v1",
     "StatefulSet": "apps/v1",
     "NetworkPolicy": "networking.k8s.io/v1",
     "Role": "rbac.authorization.k8s.io/v1",

@@ -7,7 +7,8 @@ Imported by ``asyncrl_operator.main`` (registering the handlers with kopf). Hand
 - AsyncRLJob events -> reconcile when trainer progress reached maxSteps (status changes are not
   "updates" for kopf).
 - StatefulSet events (our children) -> ``reconcile.refresh_status`` (ready counts, phase).
-- Pod events (our children) -> ``reconcile.handle_pod`` (trainer gang restart, rollout replacements).
+- Pod events (our children) -> ``pod_events.handle_pod`` (trainer gang restart, rollout replacements,
+  a throttled status refresh: what the pods report becomes conditions).
 - A resync loop started at startup reconciles every job every ``resync_seconds`` (drift, TTL,
   Stalled). It is not a kopf timer on purpose: kopf timers add a finalizer to every job (kopf#833),
   and asyncrl needs none -- children are garbage-collected through owner references.
@@ -23,7 +24,7 @@ from typing import Any
 import kopf
 from asyncrl_api import models
 
-from asyncrl_operator import apply, metrics, reconcile
+from asyncrl_operator import apply, metrics, pod_events, reconcile
 from asyncrl_operator.render import names
 
 log = logging.getLogger(__name__)
@@ -109,4 +110,4 @@ def on_statefulset_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
 def on_pod_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-        reconcile.handle_pod(memo.client, dict(body))
+        pod_events.handle_pod(memo.client, dict(body))

@@ -1,11 +1,17 @@
-"""One reconcile of one job, and the reactions to its children: the operator's business logic.
+"""One reconcile of one job, and the status refreshes its children's events ask for: the operator's
+business logic.
 
-Called by ``asyncrl_operator.handlers`` (kopf glue) from worker threads. Everything here is
-level-triggered and idempotent: it reads the job, renders every child, server-side applies them
-(no-ops when nothing changed), deletes the optional children its spec no longer renders, and writes
-the operator-owned status once at the end. Decisions come
-from the pure modules (``render``, ``status``, ``lifecycle``); I/O goes through ``apply.Client``.
-A per-job lock serialises the handlers, the child-event reactions and the resync loop for one job.
+Called by ``asyncrl_operator.handlers`` (kopf glue) from worker threads, and by ``pod_events``.
+Everything here is level-triggered and idempotent: it reads the job, renders every child, server-side
+applies them (no-ops when nothing changed), deletes the optional children its spec no longer renders,
+and writes the operator-owned status once at the end. Decisions come from the pure modules (``render``,
+``status``, ``lifecycle``, ``diagnose``); I/O goes through ``apply.Client``. A per-job lock serialises
+the handlers, the child-event reactions and the resync loop for one job.
+
+Status is computed from the StatefulSets, the job's pods (listed by label: what the kubelet and the
+scheduler report, ``diagnose``) and a ``get`` of each Secret key the spec names, so a missing one is a
+condition before any pod waits on it, and clears at the next reconcile or resync once fixed (the
+operator may not watch Secrets: its RBAC has only ``get``).
 """
 
 from __future__ import annotations
@@ -21,29 +27,27 @@ import pydantic
 from asyncrl_api import models
 from asyncrl_api import status as api_status
 
-from asyncrl_operator import apply, lifecycle, metrics, render, status
+from asyncrl_operator import apply, diagnose, failures, lifecycle, metrics, render, status
 
 Body = dict[str, Any]
 log = logging.getLogger(__name__)
 
 _locks: collections.defaultdict[tuple[str, str], threading.Lock] = collections.defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
-_handled_failures: collections.OrderedDict[str, None] = collections.OrderedDict()
 _sts_cache: dict[tuple[str, str], Body | None] = {}
 """Replica counts of our StatefulSets as last seen in watch events, so most events cost no API call."""
 _sts_guard = threading.Lock()
 _last_reconciled: dict[tuple[str, str], float] = {}
 _pruned: dict[tuple[str, str], tuple[str, int]] = {}
 """(uid, generation) of each job whose stale optional children were last looked for: once per spec."""
-_MAX_REMEMBERED = 4096
 
 
-def _lock(namespace: str, name: str) -> threading.Lock:
+def lock(namespace: str, name: str) -> threading.Lock:
     with _locks_guard:
         return _locks[(namespace, name)]
 
 
-def _now() -> datetime.datetime:
+def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
@@ -70,7 +74,7 @@ def parse(body: Body) -> tuple[models.AsyncRLJob | None, str | None]:
         return None, format_validation_error(exc)
 
 
-def _old_status(body: Body) -> api_status.AsyncRLJobStatus:
+def old_status(body: Body) -> api_status.AsyncRLJobStatus:
     try:
         return api_status.AsyncRLJobStatus.model_validate(body.get("status") or {})
     except pydantic.ValidationError:
@@ -82,7 +86,7 @@ def _write_status(client: apply.Client, body: Body, new: api_status.AsyncRLJobSt
     meta = body["metadata"]
     metrics.set_phase(meta["namespace"], meta["name"], new.phase)
     patch = status.status_patch(new)
-    if patch == status.status_patch(_old_status(body)):
+    if patch == status.status_patch(old_status(body)):
         return False
     client.patch_status(meta["namespace"], meta["name"], patch)
     return True
@@ -90,7 +94,7 @@ def _write_status(client: apply.Client, body: Body, new: api_status.AsyncRLJobSt
 
 def _write_invalid(client: apply.Client, body: Body, why: str) -> None:
     meta = body["metadata"]
-    new = status.compute_invalid_status(_old_status(body), int(meta.get("generation") or 0), why, _now())
+    new = status.compute_invalid_status(old_status(body), int(meta.get("generation") or 0), why, utc_now())
     if _write_status(client, body, new):
         log.warning("job %s/%s has an invalid spec: %s", meta["namespace"], meta["name"], why)
 
@@ -105,7 +109,7 @@ def due_for_resync(namespace: str, name: str, interval: float) -> bool:
 def reconcile(client: apply.Client, namespace: str, name: str) -> None:
     """Validate, apply every child, update status. Deletes the job when its TTL ran out."""
     _last_reconciled[(namespace, name)] = time.monotonic()
-    with _lock(namespace, name), metrics.reconcile_timer():
+    with lock(namespace, name), metrics.reconcile_timer():
         body = client.get(models.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -113,7 +117,7 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
         if job is None:
             _write_invalid(client, body, why or "invalid spec")
             return
-        now = _now()
+        now = utc_now()
         if lifecycle.ttl_expired(job, now):
             log.info("deleting %s/%s: finished more than ttlSecondsAfterFinished ago", namespace, name)
             client.delete(models.KIND, namespace, name)
@@ -133,7 +137,7 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
                 _write_status(client, body, degraded)
                 raise
         _prune(client, job, set(applied))
-        _write_status(client, body, _compute(job, applied, now))
+        _write_status(client, body, _compute(client, job, applied, now))
 
 
 def _prune(client: apply.Client, job: models.AsyncRLJob, rendered: set[tuple[str, str]]) -> None:
@@ -155,7 +159,33 @@ def _prune(client: apply.Client, job: models.AsyncRLJob, rendered: set[tuple[str
     _pruned[key] = seen
 
 
-def _compute(job: models.AsyncRLJob, objects: dict[tuple[str, str], Body], now: datetime.datetime) -> Any:
+def _job_pods(client: apply.Client, job: models.AsyncRLJob) -> list[Body]:
+    names = render.names
+    selector = {names.JOB: names.label_value(job.metadata.name), names.MANAGED_BY: names.MANAGER}
+    return client.select("Pod", job.metadata.namespace, selector)
+
+
+def _secret_problems(client: apply.Client, job: models.AsyncRLJob) -> list[diagnose.Problem]:
+    """A ``get`` of each Secret the spec names; only whether the key is there and non-empty is kept (the
+    body goes out of scope here, values are never logged)."""
+    found = []
+    namespace = job.metadata.namespace
+    for use in render.secrets.refs(job):
+        try:
+            problem = diagnose.secret_problem(use, client.get("Secret", namespace, use.ref.name), namespace)
+        except apply.ApiError as exc:  # e.g. an older chart's RBAC without secrets: get
+            log.warning(
+                "%s/%s: cannot check Secret %s: %s", namespace, job.metadata.name, use.ref.name, exc.status
+            )
+            continue
+        if problem is not None:
+            found.append(problem)
+    return found
+
+
+def _compute(
+    client: apply.Client, job: models.AsyncRLJob, objects: dict[tuple[str, str], Body], now: datetime.datetime
+) -> Any:
     name = job.metadata.name
     obs = status.Observed(
         now=now,
@@ -163,6 +193,8 @@ def _compute(job: models.AsyncRLJob, objects: dict[tuple[str, str], Body], now: 
         rollout=objects.get(("StatefulSet", render.names.rollout(name))),
         nats=objects.get(("StatefulSet", render.names.nats(name))),
         restarting=job.status.phase == "Restarting",
+        pods=tuple(_job_pods(client, job)),
+        secret_problems=tuple(_secret_problems(client, job)),
     )
     new = status.compute_status(job, obs)
     new.config_hash = render.configmap.config_hash(render.configmap.job_config(job))
@@ -203,7 +235,7 @@ def _cached_statefulset(client: apply.Client, namespace: str, name: str) -> Body
 
 def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
     """Recompute status from the children's last seen replica counts without applying."""
-    with _lock(namespace, name):
+    with lock(namespace, name):
         body = client.get(models.KIND, namespace, name)
         if body is None:
             return
@@ -216,63 +248,16 @@ def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
             for sts in (names.trainer(name), names.rollout(name), names.nats(name))
         }
         found = {key: obj for key, obj in objects.items() if obj is not None}
-        _write_status(client, body, _compute(job, found, _now()))
+        _write_status(client, body, _compute(client, job, found, utc_now()))
 
 
 def needs_reconcile(body: Body) -> bool:
-    """A status change the spec-driven handlers do not see: maxSteps reached while not yet Succeeded."""
+    """A status change the spec-driven handlers do not see: maxSteps reached while not yet Succeeded, or
+    the restart budget spent while pods still run (the reconcile scales them to zero)."""
     job, _ = parse(body)
-    return job is not None and job.status.phase != "Succeeded" and status.reached_max_steps(job)
-
-
-def _first_time(key: str) -> bool:
-    if key in _handled_failures:
+    if job is None:
         return False
-    _handled_failures[key] = None
-    while len(_handled_failures) > _MAX_REMEMBERED:
-        _handled_failures.popitem(last=False)
-    return True
-
-
-def handle_pod(client: apply.Client, pod: Body) -> None:
-    """A trainer pod failed -> restart the whole trainer gang; a rollout pod failed -> count it (the
-    StatefulSet controller replaces it alone)."""
-    job_name = lifecycle.job_of(pod)
-    namespace = pod["metadata"].get("namespace", "")
-    if not job_name:
-        return
-    if lifecycle.trainer_gang_needs_restart(pod) and _first_time(lifecycle.failure_key(pod)):
-        with _lock(namespace, job_name):
-            _restart_trainer_gang(client, namespace, job_name, pod)
-    elif lifecycle.rollout_replaced(pod) and _first_time(lifecycle.failure_key(pod)):
-        with _lock(namespace, job_name):
-            _count_restart(client, namespace, job_name, "rollout", None)
-
-
-def _restart_trainer_gang(client: apply.Client, namespace: str, job_name: str, failed: Body) -> None:
-    selector = render.names.selector(job_name, render.names.TRAINER)
-    gang = client.select("Pod", namespace, selector)
-    log.warning(
-        "trainer pod %s of %s/%s failed: restarting the trainer gang (%d pods)",
-        failed["metadata"]["name"],
-        namespace,
-        job_name,
-        len(gang),
-    )
-    for pod in gang:
-        if not lifecycle.is_terminating(pod):
-            client.delete("Pod", namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
-    _count_restart(client, namespace, job_name, "trainer", "Restarting")
-
-
-def _count_restart(client: apply.Client, namespace: str, job_name: str, role: str, phase: str | None) -> None:
-    body = client.get(models.KIND, namespace, job_name)
-    if body is None:
-        return
-    restarts = dict((body.get("status") or {}).get("restarts") or {})
-    restarts[role] = int(restarts.get(role, 0)) + 1
-    patch: Body = {"restarts": restarts}
-    if phase:
-        patch["phase"] = phase
-    client.patch_status(namespace, job_name, patch)
-    metrics.count_restart(role)
+    if job.status.phase != "Succeeded" and status.reached_max_steps(job):
+        return True
+    running = job.status.trainer.replicas + job.status.rollout.replicas > 0
+    return failures.failed_on_budget(job) and running

@@ -1,8 +1,11 @@
-"""Observed children -> the job's status (phase, conditions, replicas). Pure: no clock, no client.
+"""Observed children -> the job's status (phase, conditions, replicas, reason). Pure: no clock, no client.
 
-Called by ``asyncrl_operator.reconcile`` after every apply, with the StatefulSets the apply returned
-and the time passed in. ``progress`` is never computed here: trainer rank 0 owns it; this module only
-reads it (step, stepTime) to decide Succeeded and Stalled.
+Called by ``asyncrl_operator.reconcile`` after every apply, with the StatefulSets the apply returned,
+the job's pods, the problems of the Secrets it names and the time passed in. ``progress`` is never
+computed here: trainer rank 0 owns it; this module only reads it (step, stepTime) to decide Succeeded
+and Stalled. What the pods report becomes EndpointsReady and Degraded (``diagnose``); ``status.reason``
+and ``status.message`` name the most pressing problem and the restart budget ends a job Failed
+(``failures``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 from asyncrl_api import models
 from asyncrl_api import status as api_status
 
+from asyncrl_operator import diagnose, failures
 from asyncrl_operator.render import names, pods
 
 Body = dict[str, Any]
@@ -31,6 +35,10 @@ class Observed:
     """Why the spec is invalid (the handler's validation message), or None."""
     restarting: bool = False
     """A trainer gang restart was started (phase Restarting); it lasts until the trainer is Ready again."""
+    pods: tuple[Body, ...] = ()
+    """The job's current pods (with status), as listed by label."""
+    secret_problems: tuple[diagnose.Problem, ...] = ()
+    """Secrets or keys the spec names that are missing (``diagnose.secret_problem``)."""
 
 
 def _ready(sts: Body | None) -> int:
@@ -86,10 +94,11 @@ def reached_max_steps(job: models.AsyncRLJob) -> bool:
 def compute_phase(
     job: models.AsyncRLJob, obs: Observed, trainer_ok: bool, rollout_some: bool, bus_ok: bool
 ) -> api_status.Phase:
-    """Succeeded is sticky; Failed means an invalid spec; otherwise derived from what is running."""
+    """Succeeded is sticky; Failed means an invalid spec or the restart budget spent (sticky too);
+    otherwise derived from what is running."""
     if job.status.phase == "Succeeded" or reached_max_steps(job):
         return "Succeeded"
-    if obs.invalid:
+    if obs.invalid or failures.failed_on_budget(job) or failures.budget_exhausted(job, list(obs.pods)):
         return "Failed"
     if job.spec.suspend:
         return "Suspended"
@@ -103,7 +112,11 @@ def compute_phase(
 
 
 def compute_conditions(
-    job: models.AsyncRLJob, obs: Observed, phase: api_status.Phase, st: api_status.AsyncRLJobStatus
+    job: models.AsyncRLJob,
+    obs: Observed,
+    phase: api_status.Phase,
+    st: api_status.AsyncRLJobStatus,
+    found: list[diagnose.Problem],
 ) -> list[api_status.Condition]:
     trainer_ok = st.trainer.ready_replicas >= job.spec.trainer.replicas
     rollout_ok = st.rollout.ready_replicas >= job.spec.rollout.replicas
@@ -112,7 +125,6 @@ def compute_conditions(
     running = phase == "Running"
     stalled = running and is_stalled(job, obs.now)
     synced = job.status.progress is not None and job.status.progress.last_sync_time is not None
-    degraded = running and not rollout_ok
     return [
         _cond("Ready", running and trainer_ok and rollout_ok and bus_ok, phase, f"job is {phase}"),
         _cond(
@@ -132,12 +144,8 @@ def compute_conditions(
             "StepNotAdvancing" if stalled else "StepAdvancing",
             f"step has not advanced for {job.spec.progress.stalled_after_seconds}s" if stalled else "",
         ),
-        _cond(
-            "Degraded",
-            degraded,
-            "RolloutReplicasNotReady" if degraded else "AsExpected",
-            f"{st.rollout.ready} rollout replicas ready" if degraded else "",
-        ),
+        failures.degraded_condition(job, found, phase, rollout_ok, st.rollout.ready),
+        failures.endpoints_condition(job, found, phase),
         _cond(
             "InvalidSpec",
             obs.invalid is not None,
@@ -173,12 +181,11 @@ def compute_status(job: models.AsyncRLJob, obs: Observed) -> api_status.AsyncRLJ
     trainer_ok = trainer_desired > 0 and st.trainer.ready_replicas >= trainer_desired
     rollout_some = rollout_desired == 0 or st.rollout.ready_replicas >= 1
     phase = compute_phase(job, obs, trainer_ok, rollout_some, bus_ok)
-    conditions = compute_conditions(job, obs, phase, st)
+    found = list(obs.secret_problems) + diagnose.problems(list(obs.pods))  # a missing Secret first: the cause
+    conditions = compute_conditions(job, obs, phase, st, found)
     st.conditions = _keep_transition_times(conditions, job.status.conditions, now, job.metadata.generation)
     st.phase = phase
-    st.message = obs.invalid or next(
-        (c.message for c in conditions if c.type == "Stalled" and c.status == "True"), ""
-    )
+    st.reason, st.message = failures.pressing(job, obs.invalid, phase, conditions, found, list(obs.pods))
     st.observed_generation = job.metadata.generation
     if phase == "Running" and st.start_time is None:
         st.start_time = now
@@ -195,6 +202,7 @@ def compute_invalid_status(
     """Phase Failed with InvalidSpec True and the field-level message; nothing else is touched."""
     st = old.model_copy(deep=True)
     st.phase = "Failed"
+    st.reason = "InvalidSpec"
     st.message = why
     st.observed_generation = generation
     invalid = _cond("InvalidSpec", True, "SpecRejected", why)

@@ -7,7 +7,8 @@ and a failed rollout pod replaced (the `pods: delete` path); and examples/gatewa
 Service and NetworkPolicy applied, the admin key only a secretKeyRef, both deleted again when agent.loop
 changes (the `get`/`delete` path). Its log shows no Forbidden.
 Minimal: `kubectl auth can-i --as=system:serviceaccount:...` is yes for each verb of the rendered
-ClusterRole and no for Secrets, pods/exec, cluster-admin and other things the operator never does.
+ClusterRole and no for listing/watching Secrets, pods/exec, cluster-admin and other things the operator
+never does (it only `get`s the Secrets a job names, to check their keys exist).
 """
 
 from __future__ import annotations
@@ -360,8 +361,8 @@ def test_can_i_yes_for_every_verb_the_operator_uses(
 @pytest.mark.parametrize(
     ("verb", "resource", "scope"),
     [
-        ("get", "secrets", "-n default"),
         ("list", "secrets", "--all-namespaces"),
+        ("list", "secrets", "-n default"),
         ("watch", "secrets", "-n kube-system"),
         ("create", "pods/exec", "-n default"),
         ("create", "pods/attach", "-n default"),

@@ -3,7 +3,7 @@ The operator's permissions: exactly the calls operator/asyncrl_operator makes (a
 kopf handlers), one rule per thing it touches, each with its call sites. Keep in step with
 apply.py / reconcile.py / handlers.py; tests/cluster/test_helm_rbac.py proves the set sufficient (the
 operator reconciles a job with this ServiceAccount's token) and minimal (`kubectl auth can-i`).
-Deliberately absent: secrets, pods/exec|attach|portforward, deletecollection, escalate, bind,
+Deliberately absent: list/watch of secrets (only `get`, below), pods/exec|attach|portforward, deletecollection, escalate, bind,
 impersonate, any cluster-scoped resource (the operator turns off kopf's CRD/namespace discovery
 watches, settings.scanning.disabled; the Deployment restarts the operator when the CRD changes).
 */}}
@@ -49,6 +49,14 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, delete]
+# Secrets: only `get`, by name, of the Secrets a job's spec names (reward/teacher endpoint apiKeySecret,
+# agent.gateway.adminKeySecret): reconcile._secret_problems checks the key exists and is non-empty, so
+# a missing one is a condition on the job (EndpointsReady/Degraded, SecretNotFound/SecretKeyMissing)
+# before any pod waits on it. Values are never logged or stored. No list/watch: the check reruns on
+# every reconcile and resync instead.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 # kopf posts Events (warnings and errors of handlers) on the job.
 - apiGroups: [""]
   resources: [events]

@@ -7,8 +7,8 @@ optional component's pieces live together, and a job without a gateway renders n
 - Agents open sessions through the ClusterIP Service ``<job>-gateway`` (any ready replica, with the
   admin key). A session is sticky to the replica that opened it: the replica hands out its own
   address, ``ASYNCRL_GATEWAY_URL`` = the pod's DNS name through the rollout's headless Service.
-- The admin key reaches the container only as a ``secretKeyRef`` env var: its value is in no rendered
-  object, and the operator never reads Secrets (its RBAC has none).
+- The admin key reaches the container only as a ``secretKeyRef`` env var (``render.secrets``): its value
+  is in no rendered object; the operator only checks that the Secret and key exist.
 - The NetworkPolicy ``<job>-gateway``: the job's own policy (``render.network``) admits only the job's
   pods (and metrics), but an agent is some other pod of the namespace. This second policy selects the
   rollout pods only and admits the gateway port from every pod of the job's namespace; policies are
@@ -22,7 +22,7 @@ from typing import Any
 
 from asyncrl_api import config, models, task
 
-from asyncrl_operator.render import names
+from asyncrl_operator.render import names, secrets
 
 PORT_NAME = "gateway"
 
@@ -46,12 +46,8 @@ def service_port(gateway: task.GatewaySpec) -> dict[str, Any]:
 def env(job: models.AsyncRLJob, gateway: task.GatewaySpec) -> list[dict[str, Any]]:
     """The admin key (from its Secret) and the pod's own gateway URL. Goes after ``pods.identity_env``:
     the kubelet expands $(POD_NAME) only from variables defined earlier in the list."""
-    secret = gateway.admin_key_secret
     return [
-        {
-            "name": config.GATEWAY_ADMIN_KEY_ENV,
-            "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
-        },
+        secrets.secret_env(config.GATEWAY_ADMIN_KEY_ENV, gateway.admin_key_secret),
         {"name": config.GATEWAY_URL_ENV, "value": names.gateway_pod_url(job.metadata.name, gateway.port)},
     ]
 

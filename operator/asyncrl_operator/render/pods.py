@@ -14,6 +14,11 @@ from asyncrl_api import config, models, roles, status
 from asyncrl_operator.render import names
 
 GPU = "nvidia.com/gpu"
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
+"""Rollout and trainer containers: a process that gives up writes one line to its termination message
+(``<Kind>: <judge|teacher> endpoint <baseURL>: <message>`` for endpoint errors) and exits non-zero; a
+crash without one still leaves its last log lines there. The operator reads it from the pod status it
+already watches (``asyncrl_operator.diagnose``) into the job's conditions."""
 CONFIG_VOLUME = "asyncrl-config"
 SHM_VOLUME = "dshm"
 

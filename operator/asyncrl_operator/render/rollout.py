@@ -3,7 +3,8 @@
 Called by ``render.render``. Replicas follow ``spec.rollout.replicas`` (the scale subresource), or 0
 while the job is suspended or finished. Each pod is independent: the StatefulSet controller replaces
 a failed one alone, and it re-joins weight sync at the next policy version. In a gateway job each pod
-also serves the agent gateway (``render.gateway``: its port, admin key and own URL).
+also serves the agent gateway (``render.gateway``: its port, admin key and own URL); a judge-rewarded
+job's pods get the judge's API key (``render.secrets``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from asyncrl_api import models
 
-from asyncrl_operator.render import gateway, names, pods
+from asyncrl_operator.render import gateway, names, pods, secrets
 
 ENTRY_POINT = "asyncrl-rollout"
 
@@ -25,7 +26,7 @@ def desired_replicas(job: models.AsyncRLJob) -> int:
 def render_rollout_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict[str, Any]:
     name = job.metadata.name
     spec = job.spec.rollout
-    env = pods.identity_env(names.ROLLOUT)
+    env = pods.identity_env(names.ROLLOUT) + secrets.rollout_env(job)
     ports = [pods.metrics_port()]
     gateway_spec = gateway.spec(job)
     if gateway_spec is not None:
@@ -40,6 +41,7 @@ def render_rollout_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict
         "resources": pods.resources(spec.gpus_per_replica, spec.resources),
         "volumeMounts": pods.volume_mounts(job),
         "readinessProbe": pods.readiness_probe(),
+        "terminationMessagePolicy": pods.TERMINATION_MESSAGE_POLICY,
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],

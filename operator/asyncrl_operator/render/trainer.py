@@ -5,7 +5,8 @@ apps.kubernetes.io/pod-index via the downward API), MASTER_ADDR = trainer rank 0
 in the headless Service. With one process per pod (CPU, or one GPU) the container runs
 ``asyncrl-trainer`` directly with RANK/WORLD_SIZE/LOCAL_RANK set; with several GPUs per pod it runs
 ``torchrun --no-python asyncrl-trainer`` so each GPU gets its own process and torchrun sets the ranks.
-A failed trainer pod restarts the whole gang (the handlers delete every trainer pod).
+A failed trainer pod restarts the whole gang (the handlers delete every trainer pod). With spec.teacher
+the pods get the teacher's API key (``render.secrets``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from asyncrl_api import config, models
 
-from asyncrl_operator.render import names, pods
+from asyncrl_operator.render import names, pods, secrets
 
 ENTRY_POINT = "asyncrl-trainer"
 
@@ -74,11 +75,12 @@ def render_trainer_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict
         "name": names.TRAINER,
         "image": spec.image,
         "command": trainer_command(job),
-        "env": trainer_env(job),
+        "env": trainer_env(job) + secrets.trainer_env(job),
         "ports": ports,
         "resources": pods.resources(spec.gpus_per_replica, spec.resources),
         "volumeMounts": pods.volume_mounts(job),
         "readinessProbe": pods.readiness_probe(),
+        "terminationMessagePolicy": pods.TERMINATION_MESSAGE_POLICY,
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],

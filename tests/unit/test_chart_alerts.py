@@ -62,7 +62,7 @@ def test_promtool_check_rules_passes_on_the_rendered_groups(tmp_path: pathlib.Pa
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rendered_groups()}))
     done = run_promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 9 rules found" in done.stdout, done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout, done.stdout
 
 
 def test_every_alert_has_a_runbook() -> None:
@@ -116,6 +116,29 @@ def gateway_sessions(job: str, state: str, per_min: float) -> dict[str, str]:
     return {
         "series": W("asyncrl_gateway_sessions_total", job, role="rollout", state=state),
         "values": f"0+{per_min}x60",
+    }
+
+
+def endpoint_requests(
+    job: str, endpoint: str, code: str, per_min: float | str, replica: str = "0"
+) -> dict[str, str]:
+    """`per_min` attempts a minute answered `code`, or a promtool series notation (a str)."""
+    role = "trainer" if endpoint == "teacher" else "rollout"
+    return {
+        "series": W(
+            "asyncrl_endpoint_requests_total", job, role, endpoint=endpoint, code=code, replica=replica
+        ),
+        "values": per_min if isinstance(per_min, str) else f"0+{per_min}x60",
+    }
+
+
+def endpoint_fires(at: str, *jobs_endpoints: tuple[str, str]) -> dict[str, Any]:
+    """AsyncRLEndpointErrors fires at `at` for exactly these (job, endpoint) pairs."""
+    labels = [{"severity": "warning", "namespace": "ml", "job": j, "endpoint": e} for j, e in jobs_endpoints]
+    return {
+        "eval_time": at,
+        "alertname": "AsyncRLEndpointErrors",
+        "exp_alerts": [{"exp_labels": x} for x in labels],
     }
 
 
@@ -208,6 +231,25 @@ SCENARIOS: list[dict[str, Any]] = [
             fires("AsyncRLGatewaySessionsExpiring", "40m", "leaky", severity="warning"),
         ],
     },
+    {  # endpoints: "keyless" gets 401 for 1 in 2 judge calls (two replicas, the failures on one) while its
+        # teacher is fine; "flaky" has 1 in 10 judge calls refused (under 0.2); "down" reaches its teacher
+        # never again from minute 10 (Unreachable, no HTTP answer), its judge fine
+        "input_series": [
+            endpoint_requests("keyless", "judge", "200", 60),
+            endpoint_requests("keyless", "judge", "401", 60, replica="1"),
+            endpoint_requests("keyless", "teacher", "200", 60),
+            endpoint_requests("flaky", "judge", "200", 54),
+            endpoint_requests("flaky", "judge", "Unreachable", 6),
+            endpoint_requests("down", "judge", "200", 60),
+            endpoint_requests("down", "teacher", "200", "0+30x10 300x50"),
+            endpoint_requests("down", "teacher", "Unreachable", "0x10 0+10x50"),
+        ],
+        "alert_rule_test": [
+            silent("AsyncRLEndpointErrors", "4m"),
+            endpoint_fires("12m", ("keyless", "judge")),
+            endpoint_fires("30m", ("down", "teacher"), ("keyless", "judge")),
+        ],
+    },
     {  # the operator: one job Failed from minute 5; reconcile errors at 0.1/s
         "input_series": [
             {"series": 'asyncrl_jobs{phase="Failed"}', "values": "0x5 1x30"},
@@ -252,6 +294,26 @@ def test_thresholds_come_from_values() -> None:
     assert 'changes(asyncrl_trainer_step{role="trainer"}[2m])' in rules["AsyncRLTrainerStalled"]["expr"]
     assert rules["AsyncRLWeightSyncSlow"]["expr"].rstrip().endswith("> 5")
     assert "[10m])) > 2\n" in rules["AsyncRLGatewayThrottling"]["expr"]
+
+
+def test_endpoint_alert_reads_the_endpoint_requests_the_workloads_export() -> None:
+    """AsyncRLEndpointErrors reads only asyncrl_endpoint_requests_total, per endpoint, non-2xx over all,
+    and its threshold is a value."""
+    from asyncrl_workloads import metrics as workload_metrics
+
+    rules = {r["alert"]: r for g in rendered_groups() for r in g["rules"]}
+    expr = rules["AsyncRLEndpointErrors"]["expr"]
+    names = set(re.findall(r"\basyncrl_[a-z0-9_]+", expr))
+    assert names == {workload_metrics.ENDPOINT_REQUESTS._name + "_total"}, names
+    assert 'code!~"2.."' in expr and expr.count("by (namespace, job, endpoint)") == 2, expr
+    assert rules["AsyncRLEndpointErrors"]["for"] == "5m"
+    assert expr.rstrip().endswith("> 0.2"), expr
+    changed = {
+        r["alert"]: r
+        for g in rendered_groups("prometheusRule.thresholds.endpointErrorRatio=1")  # --set: ints only
+        for r in g["rules"]
+    }
+    assert changed["AsyncRLEndpointErrors"]["expr"].rstrip().endswith("> 1")
 
 
 def test_gateway_alerts_name_only_gateway_metrics_the_workloads_export() -> None:

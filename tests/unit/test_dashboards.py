@@ -31,6 +31,12 @@ GATEWAY_METRICS = {
     "asyncrl_gateway_ttft_seconds", "asyncrl_gateway_request_seconds", "asyncrl_gateway_tokens_total",
     "asyncrl_gateway_unrewarded_total",
 }  # fmt: skip
+# The judge and teacher endpoints' metrics (workloads metrics.py), shown in the "Judge and teacher
+# endpoints" row with dropped{reason="reward_error"}.
+ENDPOINT_METRICS = {
+    "asyncrl_endpoint_requests_total", "asyncrl_endpoint_latency_seconds",
+    "asyncrl_endpoint_ratelimit_wait_seconds_total", "asyncrl_teacher_kl",
+}  # fmt: skip
 # design.md §5, verbatim. Histograms also export _bucket/_sum/_count; counters end in _total.
 WORKLOAD_METRICS = {
     "asyncrl_trajectories_produced_total", "asyncrl_trajectories_consumed_total",
@@ -46,6 +52,8 @@ WORKLOAD_METRICS = {
     "asyncrl_tool_seconds", "asyncrl_agent_episodes_total",
     # beyond §5: the agent gateway (gateway/)
     *GATEWAY_METRICS,
+    # beyond §5: the judge and teacher endpoints (endpoints/)
+    *ENDPOINT_METRICS,
 }  # fmt: skip
 OPERATOR_METRICS = {
     "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",
@@ -54,7 +62,7 @@ OPERATOR_METRICS = {
 HISTOGRAMS = {"asyncrl_sample_staleness", "asyncrl_weight_sync_seconds", "asyncrl_rollout_pause_seconds",
               "asyncrl_reward", "asyncrl_agent_turns", "asyncrl_tool_seconds",
               "asyncrl_gateway_ttft_seconds", "asyncrl_gateway_request_seconds",
-              "asyncrl_operator_reconcile_seconds"}  # fmt: skip
+              "asyncrl_endpoint_latency_seconds", "asyncrl_operator_reconcile_seconds"}  # fmt: skip
 # What issue 5 asks the dashboards to show, as the metric each panel family needs.
 REQUIRED = {
     "asyncrl_queue_depth", "asyncrl_queue_oldest_age_seconds", "asyncrl_trajectories_produced_total",
@@ -70,6 +78,9 @@ REQUIRED = {
     "asyncrl_gateway_sessions_active", "asyncrl_gateway_sessions_total", "asyncrl_gateway_requests_total",
     "asyncrl_gateway_ttft_seconds_bucket", "asyncrl_gateway_request_seconds_bucket",
     "asyncrl_gateway_tokens_total", "asyncrl_gateway_unrewarded_total",
+    # the judge and teacher endpoints' row (issue 20)
+    "asyncrl_endpoint_requests_total", "asyncrl_endpoint_latency_seconds_bucket",
+    "asyncrl_endpoint_ratelimit_wait_seconds_total", "asyncrl_teacher_kl",
 }  # fmt: skip
 
 # Values the e2e test and this test give Grafana's variables.
@@ -209,6 +220,26 @@ def test_job_dashboard_has_an_agent_gateway_row_on_the_gateway_metrics() -> None
         assert "agent.loop: gateway" in p["description"], p["title"]
 
 
+def test_job_dashboard_has_an_endpoints_row_on_the_endpoint_metrics() -> None:
+    board = load(CHART / "dashboards" / "asyncrl-job.json")
+    endpoints = row_panels(board, "Judge and teacher endpoints")
+    by_title = {p["title"]: [t["expr"] for t in p["targets"]] for p in endpoints}
+    used = set().union(*(metric_names(e) for exprs in by_title.values() for e in exprs))
+    assert used == (ENDPOINT_METRICS - {"asyncrl_endpoint_latency_seconds"}) | {
+        "asyncrl_endpoint_latency_seconds_bucket",
+        "asyncrl_trajectories_dropped_total",
+    }
+    (ratio,) = by_title["Endpoint error ratio"]
+    assert 'code!~"2.."' in ratio and ratio.count("sum by (endpoint)") == 3, ratio
+    (drops,) = by_title["Reward-error drops / s"]
+    assert 'reason="reward_error"' in drops
+    latency = by_title["Endpoint latency"]
+    assert [e.split(",")[0] for e in latency] == ["histogram_quantile(0.5", "histogram_quantile(0.95"]
+    assert all("by (endpoint, le)" in e for e in latency)
+    for p in endpoints:
+        assert "spec.teacher" in p["description"], p["title"]
+
+
 def test_metric_name_parser_catches_unknown_names() -> None:
     assert metric_names('sum by (le) (rate(foo_bucket{job="$job"}[5m])) / on (job) bar') == {
         "foo_bucket",
@@ -237,8 +268,9 @@ def test_section5_names_are_what_the_code_registers() -> None:
 def exposed_series_names() -> set[str]:
     """Sample names the real registries expose (prometheus_client's own text format), with every
     label child the processes create (workloads.metrics.bind, the agent loop's per tool/outcome and
-    per end children, which exist once a call or an episode was counted, and the gateway's per
-    route/code children, which exist once a route answered) present."""
+    per end children, which exist once a call or an episode was counted, the gateway's per
+    route/code children, which exist once a route answered, and the endpoints' per endpoint/code
+    children, which exist once an endpoint was called) present."""
     import prometheus_client
     from asyncrl_operator import metrics as operator_metrics
     from asyncrl_workloads import metrics as workload_metrics
@@ -248,6 +280,7 @@ def exposed_series_names() -> set[str]:
     bound.tool_calls_by("lookup", "ok")
     bound.agent_episodes_by("stop")
     bound.gateway_requests_by("groups", 429)
+    bound.endpoint_requests_by("judge", "200")
     try:
         registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
         text = b"".join(prometheus_client.generate_latest(r) for r in registries).decode()

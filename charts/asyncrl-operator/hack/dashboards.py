@@ -12,6 +12,8 @@ without `spec.agent` (its rollouts create the tool-call and episode series on th
 it comes last and each of its panels says so, so an empty panel there does not read as a broken one.
 The "Agent gateway" row after it is the same for a job without `agent.loop: gateway` (its counters stay
 at zero, and the per-route request series appear with a route's first request).
+The "Judge and teacher endpoints" row last is the same for a job without `reward.type: judge` and
+`spec.teacher` (the per-code request series appear with an endpoint's first attempt).
 """
 
 from __future__ import annotations
@@ -256,6 +258,102 @@ def gateway_row() -> list[dict[str, Any]]:
     ]
 
 
+ENDPOINT_ONLY = "Empty or zero for a job without reward.type: judge and spec.teacher."
+ENDPOINT_REQUESTS = "asyncrl_endpoint_requests_total"
+NOT_2XX = 'code!~"2.."'
+
+
+def endpoint_row() -> list[dict[str, Any]]:
+    """The OpenAI-compatible endpoints (workloads endpoints/): the judge, called by the rollouts, and the
+    teacher, called by trainer rank 0 -- every attempt by answer, the share that failed, latency, time
+    held by the token bucket, samples lost to a failed reward, and the distillation's KL."""
+    every = f"sum by (endpoint) (rate({ENDPOINT_REQUESTS}{{{JOB}}}[{RI}]))"
+    failed = f"sum by (endpoint) (rate({ENDPOINT_REQUESTS}{{{JOB}, {NOT_2XX}}}[{RI}]))"
+    return [
+        row("Judge and teacher endpoints"),
+        panel(
+            "Endpoint requests / s by code",
+            "timeseries",
+            [
+                (
+                    f"sum by (endpoint, code) (rate({ENDPOINT_REQUESTS}{{{JOB}}}[{RI}]))",
+                    "{{endpoint}} {{code}}",
+                )
+            ],
+            unit="ops",
+            description="Attempts per second (each retry counts) by endpoint and answer: the HTTP status, or "
+            "the error class when no usable answer came (Unreachable: refused, DNS, timeout or proxy; "
+            "BadResponse: not JSON or no choices[0]). 401/403: fix the key in the Secret the "
+            "endpoint's apiKeySecret names (a stray newline, a wrong key); 404: the model name, or a "
+            "doubled /v1 in baseURL; 429: lower rateLimit.rps to the provider's limit; 5xx or Unreachable: "
+            "the endpoint's own health. kubectl describe arj <job> shows the last failure in the "
+            "EndpointsReady condition. " + ENDPOINT_ONLY,
+        ),
+        panel(
+            "Endpoint error ratio",
+            "timeseries",
+            [(f"({failed} or 0 * {every}) / {every}", "{{endpoint}}")],
+            unit="percentunit",
+            description="Share of attempts not answered 2xx (HTTP errors and the classes above). "
+            "Retries with back-off absorb a few; a sample whose judge call, or a trajectory whose teacher "
+            "call, finally fails is dropped (see reward-error drops). Above 0.2 for 5 minutes "
+            "(prometheusRule.thresholds.endpointErrorRatio) AsyncRLEndpointErrors fires: read "
+            '"Endpoint requests / s by code" for which answer, and the EndpointsReady condition in '
+            "kubectl describe arj <job> for the endpoint and the fix. " + ENDPOINT_ONLY,
+        ),
+        panel(
+            "Endpoint latency",
+            "timeseries",
+            quantiles("asyncrl_endpoint_latency_seconds", JOB, by="endpoint", qs=(0.5, 0.95)),
+            unit="s",
+            description="Seconds per attempt, answered or not (token-bucket wait excluded). p95 near the "
+            "endpoint's timeoutSeconds: the server is overloaded or maxConcurrency queues too many requests "
+            "on it; give it capacity or lower maxConcurrency. A slow judge delays rewards, so rollouts hold "
+            "finished samples longer. " + ENDPOINT_ONLY,
+        ),
+        panel(
+            "Token-bucket wait (s / s)",
+            "timeseries",
+            [
+                (
+                    f"sum by (endpoint) (rate(asyncrl_endpoint_ratelimit_wait_seconds_total{{{JOB}}}[{RI}]))",
+                    "{{endpoint}}",
+                )
+            ],
+            description="Seconds requests waited on the endpoint's token bucket (rateLimit) per second, "
+            "summed over concurrent requests: the mean number of requests held back by the limit. Above 0 "
+            "with a low error ratio, the limit, not the endpoint, paces scoring: raise rateLimit.rps (and "
+            "burst) if the provider allows it; with 429s, lower it instead. " + ENDPOINT_ONLY,
+        ),
+        panel(
+            "Reward-error drops / s",
+            "timeseries",
+            [
+                (
+                    "sum by (role) (rate(asyncrl_trajectories_dropped_total"
+                    f'{{{JOB}, reason="reward_error"}}[{RI}]))',
+                    "{{role}}",
+                )
+            ],
+            unit="ops",
+            description="rollout: samples whose judge call finally failed (retries spent, or an answer the "
+            "score parser could not read), dropped instead of given a made-up reward; trainer: trajectories "
+            "whose teacher logprobs could not be fetched, dropped. Above 0: read the error ratio and the "
+            "codes above; an unreadable score means reward.judge.template or its score range does not "
+            "match what the judge model answers. " + ENDPOINT_ONLY,
+        ),
+        panel(
+            "Teacher KL",
+            "timeseries",
+            [(f'asyncrl_teacher_kl{{{JOB}, role="trainer", replica="0"}}', "KL to teacher")],
+            description="Mean per-token reverse KL to the teacher (log pi_theta - log pi_teacher) over the "
+            "last step's generated tokens, from trainer rank 0. It should fall as the policy distils; flat "
+            "or rising, raise spec.teacher.klCoef or check that the teacher serves the policy's tokenizer. "
+            "Zero for a job without spec.teacher.",
+        ),
+    ]
+
+
 def job_dashboard() -> dict[str, Any]:
     panels = [
         row("Progress"),
@@ -415,6 +513,7 @@ def job_dashboard() -> dict[str, Any]:
         ),
         *agent_row(),
         *gateway_row(),
+        *endpoint_row(),
     ]
     for p in panels:
         if p.pop("targets_format", None):

@@ -31,6 +31,7 @@ from asyncrl_workloads.episode import loop as loop_mod
 from asyncrl_workloads.episode import parser as parser_mod
 from asyncrl_workloads.episode import tools as tools_mod
 from asyncrl_workloads.local import process
+from asyncrl_workloads.rewards import scorer as scorer_mod
 
 pytestmark = pytest.mark.dataplane
 LOGPROB_ATOL = 2e-3  # vLLM's CPU kernels vs HF eager in float32 (tests/dataplane/test_foundation.py)
@@ -355,8 +356,8 @@ def test_a_weight_update_between_turns_tags_each_turn_with_the_policy_that_gener
         )  # fmt: skip
         bound = metrics_mod.bind(metrics_mod.Identity("ns", "agent-sync", "rollout", "0"))
         worker = worker_mod.RolloutWorker(
-            settings, engine, link, publish, lambda record, response: 0.0, [{"prompt": "x"}],
-            lambda text: [], bound, prompt_ids=loop.chat.prompt_ids, agent=loop,
+            settings, engine, link, publish, scorer_mod.Scorer(lambda record, response: 0.0),
+            [{"prompt": "x"}], lambda text: [], bound, prompt_ids=loop.chat.prompt_ids, agent=loop,
         )  # fmt: skip
         await worker.run(stop_event[0])
 

@@ -36,6 +36,7 @@ from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import parser as parser_mod
 from asyncrl_workloads.local import process
+from asyncrl_workloads.rewards import scorer as scorer_mod
 
 pytestmark = pytest.mark.dataplane
 LOGPROB_ATOL = 2e-3  # vLLM's CPU kernels vs HF eager in float32 (tests/dataplane/test_foundation.py)
@@ -102,8 +103,8 @@ def serve(host: Any, engine: Any, tokenizer: Any, job: str, link: Any = None, **
     )  # fmt: skip
     bound = metrics_mod.bind(metrics_mod.Identity("ns", job, "rollout", "0"))
     worker = worker_mod.RolloutWorker(
-        settings, engine, link, publish, lambda record, text: 0.25, records, lambda text: [], bound,
-        prompt_ids=chat.prompt_ids,
+        settings, engine, link, publish, scorer_mod.Scorer(lambda record, text: 0.25), records,
+        lambda text: [], bound, prompt_ids=chat.prompt_ids,
     )  # fmt: skip
     sock = gateway_http.listen(0, "127.0.0.1")
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from asyncrl_workloads import metrics
+from asyncrl_workloads.rewards import scorer as scorer_mod
 from asyncrl_workloads.tasks import say_char
 from asyncrl_workloads.weightsync import base, checksum, replica, sender
 
@@ -269,7 +270,7 @@ async def _serial_round_on_vllm(model_path: pathlib.Path) -> None:
 
         bound = metrics.bind(metrics.Identity("ns", "serial", "rollout", "0"))
         worker = worker_mod.RolloutWorker(
-            ws, engine, link, publish, say_char.reward, say_char.records(),
+            ws, engine, link, publish, scorer_mod.Scorer(say_char.reward), say_char.records(),
             lambda text: list(tok(text)["input_ids"]), bound,
         )  # fmt: skip
         stop = asyncio.Event()

@@ -21,6 +21,7 @@ from asyncrl_api import config
 from asyncrl_testing import jobs, netfaults
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.local import process
+from asyncrl_workloads.rewards import scorer as scorer_mod
 from asyncrl_workloads.rollout import main as rollout_main
 from asyncrl_workloads.rollout import planwatch, worker
 from asyncrl_workloads.weightsync import base, rendezvous, replica
@@ -318,7 +319,8 @@ def test_an_engine_that_cannot_reach_the_store_backs_off_says_so_once_and_stops_
     settings = worker.WorkerSettings(job="j", replica=0, n=1, max_tokens=4, poll_s=0.01, retry_max_s=8.0)
     bound = metrics_mod.bind(metrics_mod.Identity(namespace="ns", job="j", role="rollout", replica="0"))
     rollout = worker.RolloutWorker(
-        settings, UnreachableEngine(), link, publish, lambda r, s: 0.0, [], lambda t: [1], bound,  # type: ignore[arg-type]
+        settings, UnreachableEngine(), link, publish, scorer_mod.Scorer(lambda r, s: 0.0), [],  # type: ignore[arg-type]
+        lambda t: [1], bound,
     )  # fmt: skip
 
     async def scenario() -> float:

@@ -14,6 +14,7 @@ from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.rewards import scorer as scorer_mod
 from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import worker as worker_mod
 
@@ -51,7 +52,7 @@ def run_group(completions: list[engine_mod.Completion]) -> list[trajectory_mod.T
     settings = worker_mod.WorkerSettings(job="j", replica=0, n=len(completions), max_tokens=4)
     metrics = metrics_mod.bind(metrics_mod.Identity(namespace="ns", job="j", role="rollout", replica="0"))
     worker = worker_mod.RolloutWorker(
-        settings, FixedEngine(completions), None, publish, reward, [{"prompt": "say a"}],  # type: ignore[arg-type]
+        settings, FixedEngine(completions), None, publish, scorer_mod.Scorer(reward), [{"prompt": "say a"}],  # type: ignore[arg-type]
         lambda text: [ord(ch) for ch in text], metrics,
     )  # fmt: skip
     asyncio.run(worker._group(0, {"prompt": "say a"}))
@@ -118,7 +119,7 @@ def test_stop_aborts_generating_groups_but_a_group_being_published_goes_out_whol
     metrics = metrics_mod.bind(metrics_mod.Identity(namespace="ns", job="j", role="rollout", replica="0"))
     engine = GatedEngine()
     worker = worker_mod.RolloutWorker(
-        settings, engine, None, publish, reward, records,  # type: ignore[arg-type]
+        settings, engine, None, publish, scorer_mod.Scorer(reward), records,  # type: ignore[arg-type]
         lambda text: list(text.encode()), metrics,
     )  # fmt: skip
     worker._next_record = iter(records).__next__  # type: ignore[method-assign]

@@ -44,6 +44,7 @@ sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("
 import torch  # noqa: E402
 from asyncrl_workloads import metrics, tinymodel  # noqa: E402
 from asyncrl_workloads.local.process import free_port  # noqa: E402
+from asyncrl_workloads.rewards import scorer as scorer_mod  # noqa: E402
 from asyncrl_workloads.tasks import say_char  # noqa: E402
 from asyncrl_workloads.weightsync import replica, sender  # noqa: E402
 
@@ -79,7 +80,7 @@ async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: in
             max_staleness=1_000_000, groups_per_version=1_000_000,
         )  # fmt: skip
         worker = worker_mod.RolloutWorker(
-            ws, engine, link, publish, say_char.reward, say_char.records(),
+            ws, engine, link, publish, scorer_mod.Scorer(say_char.reward), say_char.records(),
             lambda text: list(tok(text)["input_ids"]),
             metrics.bind(metrics.Identity("b", name, "rollout", "0")),
         )  # fmt: skip

@@ -18,8 +18,12 @@ DEFAULT_PATH = "/dev/termination-log"
 MAX_BYTES = 4096
 
 
-def path() -> str:
-    return os.environ.get(PATH_ENV) or DEFAULT_PATH
+def path() -> str | None:
+    """The file to write: PATH_ENV, else /dev/termination-log when it exists (the kubelet mounts it into
+    every container); None outside a container, so a local run never creates a file under /dev."""
+    if os.environ.get(PATH_ENV):
+        return os.environ[PATH_ENV]
+    return DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
 
 
 def write(line: str) -> None:
@@ -27,5 +31,8 @@ def write(line: str) -> None:
     data = (line.rstrip("\n") + "\n").encode("utf-8", "replace")
     if len(data) > MAX_BYTES:
         data = data[: MAX_BYTES - 1].decode("utf-8", "ignore").encode() + b"\n"
-    with contextlib.suppress(Exception), open(path(), "wb") as handle:
+    target = path()
+    if target is None:
+        return
+    with contextlib.suppress(Exception), open(target, "wb") as handle:
         handle.write(data)

@@ -1,8 +1,8 @@
 """What every pod entry point does before importing heavy code: read the rendered job config and
 check that the model it names is there. Called by entrypoints/rollout.py and entrypoints/trainer.py.
 
-Failures are `Refused(code, message)`: the entry point prints one line and exits with `code`
-(2 for bad configuration, 1 for a startup failure).
+Failures are `Refused(code, message)`: the entry point prints one line (also its termination message)
+and exits with `code` (2 for bad configuration, 1 for a startup failure, 3 for an endpoint).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import sys
 import pydantic
 from asyncrl_api import config as config_mod
 
+from asyncrl_workloads import termination
+
 
 class Refused(Exception):
     def __init__(self, code: int, message: str) -> None:
@@ -21,7 +23,10 @@ class Refused(Exception):
 
 
 def fail(prog: str, code: int, message: str) -> int:
+    """Print the one line and make it the container's termination message, which the operator shows in
+    the job's status (the Degraded condition; an endpoint's classified line in EndpointsReady)."""
     print(f"{prog}: {message}", file=sys.stderr)
+    termination.write(message)
     return code
 
 

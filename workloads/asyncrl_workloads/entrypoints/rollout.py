@@ -2,7 +2,9 @@
 
 Parses and checks the rendered config (model path, reward function, prompt source) before
 importing vLLM, so a bad config fails in a second with one line on stderr and exit code 2; a
-startup failure (NATS unreachable, engine failed) exits 1 with one line. Identity comes from the
+startup failure (NATS unreachable, engine failed) exits 1 with one line; a judge endpoint that fails its
+preflight, or keeps failing for giveUpAfterSeconds, exits 3 with its classified line. The line is also the
+container's termination message, which the operator shows in the job's conditions. Identity comes from the
 environment: ASYNCRL_REPLICA (pod ordinal), ASYNCRL_METRICS_PORT (local runner override).
 """
 
@@ -35,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         return _fail(2, f"ASYNCRL_REPLICA: not an integer: {os.environ['ASYNCRL_REPLICA']!r}")
     from asyncrl_workloads.episode import tools as tools_mod  # light: stdlib + the job's tool modules
-    from asyncrl_workloads.rewards import loader
+    from asyncrl_workloads.rewards import loader, scorer
     from asyncrl_workloads.tasks import source
 
     spec = cfg.spec
     try:
-        reward_fn = loader.resolve(spec.reward.function, spec.data.prompts)
+        reward_fn = scorer.resolve_function(spec.reward, spec.data.prompts)
         records = source.load_prompts(
             spec.data.prompts, spec.data.prompt_key, chat=spec.data.format == "chat"
         )
@@ -52,12 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s"
     )
+    from asyncrl_workloads.endpoints import errors
     from asyncrl_workloads.rollout import main as rollout_main  # heavy: vLLM, torch
 
     try:
         rollout_main.run(cfg, replica, reward_fn, records, tools)
     except rollout_main.StartupError as exc:
         return _fail(exc.code, str(exc))
+    except errors.EndpointError as exc:  # the judge failed for giveUpAfterSeconds
+        return _fail(3, exc.line())
     return 0
 
 

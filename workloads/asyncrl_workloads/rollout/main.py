@@ -9,6 +9,7 @@ background and keeps retrying, so rollouts may start before the trainer and surv
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,8 @@ from asyncrl_api import config as config_mod
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
+from asyncrl_workloads.endpoints import errors as errors_mod
+from asyncrl_workloads.endpoints import runner as runner_mod
 from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
 from asyncrl_workloads.episode import parser as parser_mod
@@ -31,6 +34,7 @@ from asyncrl_workloads.episode import tools as tools_mod
 from asyncrl_workloads.gateway import http as gateway_http
 from asyncrl_workloads.gateway import service as gateway_service
 from asyncrl_workloads.rewards import loader
+from asyncrl_workloads.rewards import scorer as scorer_mod
 from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import planwatch
 from asyncrl_workloads.rollout import worker as worker_mod
@@ -117,10 +121,12 @@ def worker_settings(cfg: config_mod.JobConfig, replica: int) -> worker_mod.Worke
 def run(
     cfg: config_mod.JobConfig,
     replica: int,
-    reward_fn: loader.RewardFn,
+    reward_fn: loader.RewardFn | None,
     records: Sequence[Mapping[str, Any]],
     tools: Mapping[str, tools_mod.Tool] | None = None,
 ) -> None:
+    """Run the replica until SIGTERM. ``reward_fn``: the job's rule function (None: a judge alone).
+    StartupError: a check failed before generating; EndpointError: the judge gave up while running."""
     asyncio.run(_run(cfg, replica, reward_fn, records, tools or {}))
 
 
@@ -220,7 +226,7 @@ async def _connect(url: str) -> Any:
 async def _run(
     cfg: config_mod.JobConfig,
     replica: int,
-    reward_fn: loader.RewardFn,
+    reward_fn: loader.RewardFn | None,
     records: Sequence[Mapping[str, Any]],
     tools: Mapping[str, tools_mod.Tool],
 ) -> None:
@@ -238,6 +244,62 @@ async def _run(
     gateway_key, gateway_sock = gateway_parts(cfg) if _is_gateway(cfg) else (None, None)
     bound = metrics_mod.bind(metrics_mod.Identity(cfg.namespace, cfg.name, "rollout", str(replica)))
     metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
+    scorer, judge_runner = await reward_parts(cfg, reward_fn, bound, records)
+    checked = Checked(tokenizer, formatter, parts, gateway_key, gateway_sock, scorer, bound)
+    try:
+        await _generate(cfg, replica, checked, records, tools)
+    finally:
+        if judge_runner is not None:
+            judge_runner.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What the start-up checks produced, handed to the generation phase."""
+
+    tokenizer: Any
+    formatter: chat_mod.ChatFormat | chat_mod.RawFormat
+    parts: tuple[parser_mod.ToolCallParser, list[int]] | None
+    gateway_key: str | None
+    gateway_sock: socket.socket | None
+    scorer: scorer_mod.Scorer
+    bound: metrics_mod.Bound
+
+
+async def reward_parts(
+    cfg: config_mod.JobConfig,
+    reward_fn: loader.RewardFn | None,
+    bound: metrics_mod.Bound,
+    records: Sequence[Mapping[str, Any]],
+) -> tuple[scorer_mod.Scorer, runner_mod.Runner | None]:
+    """The job's scorer, its judge checked with the one-token preflight before NATS and the engine
+    (StartupError: code 2 for a template placeholder nothing fills, 3 with the classified line for an
+    endpoint that fails the check)."""
+    try:
+        scorer, runner = scorer_mod.build(cfg, reward_fn, bound, records)
+    except ValueError as exc:
+        raise StartupError(str(exc), code=2) from None
+    if scorer.judge is not None:
+        try:
+            await scorer.judge.preflight()
+        except errors_mod.EndpointError as exc:
+            if runner is not None:
+                runner.stop()
+            raise StartupError(exc.line(), code=3) from None
+        log.info("judge endpoint %s answered the preflight", scorer.judge.client.endpoint.base_url)
+    return scorer, runner
+
+
+async def _generate(
+    cfg: config_mod.JobConfig,
+    replica: int,
+    checked: Checked,
+    records: Sequence[Mapping[str, Any]],
+    tools: Mapping[str, tools_mod.Tool],
+) -> None:
+    spec = cfg.spec
+    tokenizer, formatter, parts, bound = checked.tokenizer, checked.formatter, checked.parts, checked.bound
+    gateway_key, gateway_sock = checked.gateway_key, checked.gateway_sock
     nc = await _connect(cfg.endpoints.nats_url)
     engine = None
     try:
@@ -268,7 +330,7 @@ async def _run(
             ranks=max(1, spec.rollout.gpus_per_replica),
         )  # fmt: skip
         worker = worker_mod.RolloutWorker(
-            worker_settings(cfg, replica), engine, link, publisher.publish, reward_fn, records,
+            worker_settings(cfg, replica), engine, link, publisher.publish, checked.scorer, records,
             lambda text: list(tokenizer(text)["input_ids"]), bound,
             prompt_ids=formatter.prompt_ids, agent=agent,
         )  # fmt: skip

@@ -40,7 +40,7 @@ from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
-from asyncrl_workloads.rewards import loader as reward_loader
+from asyncrl_workloads.rewards import scorer as scorer_mod
 from asyncrl_workloads.rollout import admission as admission_mod
 from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import group as group_mod
@@ -94,7 +94,7 @@ class RolloutWorker:
         engine: engine_mod.RolloutEngine,
         link: replica.ReplicaLink | None,
         publish: Publish,
-        reward_fn: reward_loader.RewardFn,
+        scorer: scorer_mod.Scorer,
         records: Sequence[Mapping[str, Any]],
         encode: Callable[[str], list[int]],
         metrics: metrics_mod.Bound,
@@ -105,7 +105,7 @@ class RolloutWorker:
         """``encode`` tokenizes a raw prompt string; ``prompt_ids`` (the job's data.format), when given,
         renders a record instead; ``agent`` runs each sample as a multi-turn episode."""
         self.s, self.engine, self.link, self.publish = settings, engine, link, publish
-        self.reward_fn, self.records, self.encode, self.m = reward_fn, records, encode, metrics
+        self.scorer, self.records, self.encode, self.m = scorer, records, encode, metrics
         self.prompt_ids, self.agent = prompt_ids, agent
         self.stats = Stats()
         self.incarnation = link.incarnation if link else "local"
@@ -229,7 +229,7 @@ class RolloutWorker:
             finally:
                 self._generating.discard(task)
             key = f"{self.incarnation}.{index}"
-            kept = group_mod.score(samples, record, self.reward_fn, self.m, index)
+            kept = await group_mod.score(samples, record, self.scorer, self.m, index)
             for traj in group_mod.trajectories(kept, self.s.job, self.s.replica, key):
                 self.m.tokens_generated.inc(sum(traj.mask))
                 self.m.reward.observe(traj.reward)
@@ -239,6 +239,9 @@ class RolloutWorker:
                 if await self.publish(traj):
                     self.stats.published += 1
             self.stats.groups_done += 1
+            gave_up = self.scorer.gave_up()
+            if gave_up is not None:
+                raise gave_up  # the judge failed for giveUpAfterSeconds: exit, the pod shows why
         except Exception as exc:  # the engine or the bus failed: stop, the pod restarts
             log.exception("group %d failed", index)
             if self.failure is None:

@@ -128,12 +128,13 @@ class Client:
         self, send: Callable[[openai.AsyncOpenAI], Awaitable[Any]], parse: Callable[[str], T]
     ) -> T:
         attempt = 0
+        sdk = self.sdk()  # made before the bucket: its setup (an SSL context) must not delay a granted send
         while True:
             async with self._slots:
                 waited = await self.bucket.acquire() if self.bucket is not None else 0.0
                 start = self.clock()
                 try:
-                    raw = await send(self.sdk())
+                    raw = await send(sdk)
                     value = parse(raw.http_response.text)
                 except Exception as exc:
                     err = await self._classify(exc)

@@ -1,9 +1,10 @@
 """The chart's Grafana dashboards as the e2e tests ask a real Prometheus: every panel's PromQL with
 Grafana's variables filled in, polled until it shows data.
 
-Called by tests/e2e/test_observability.py (every row but the agent gateway's, against an agent-loop run)
-and tests/e2e/test_gateway_learning.py (the agent gateway's row, against a gateway run): a job has one
-agent loop, so no single run fills every row.
+Called by tests/e2e/test_observability.py (every row but the agent gateway's and the endpoints', against an
+agent-loop run), tests/e2e/test_gateway_learning.py (the agent gateway's row, against a gateway run) and
+tests/e2e/test_judge_learning.py (the endpoints' row, against a judge-rewarded run): a job has one agent
+loop and its own reward, so no single run fills every row.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ DASHBOARDS = sorted((REPO / "charts" / "asyncrl-operator" / "dashboards").glob("
 JOB_BOARD = REPO / "charts" / "asyncrl-operator" / "dashboards" / "asyncrl-job.json"
 GATEWAY_ROW = "Agent gateway"
 """The job dashboard's row that only an `agent.loop: gateway` job fills."""
+ENDPOINT_ROW = "Judge and teacher endpoints"
+"""The job dashboard's row that only a job with `reward.type: judge` or `spec.teacher` fills."""
 RATE_WINDOW = "30s"
 """What `$__rate_interval` becomes: 30 scrapes at the tests' 1 s interval."""
 

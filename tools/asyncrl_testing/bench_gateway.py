@@ -50,6 +50,7 @@ sys.path[:0] = [
 
 from asyncrl_workloads import tinymodel  # noqa: E402
 from asyncrl_workloads.local import process  # noqa: E402
+from asyncrl_workloads.rewards import scorer as scorer_mod  # noqa: E402
 from asyncrl_workloads.rollout import main as rollout_main  # noqa: E402
 
 from asyncrl_testing import procfs  # noqa: E402
@@ -99,7 +100,7 @@ async def serve_gateway(args: argparse.Namespace) -> None:
         max_staleness=never, groups_per_version=never,
     )  # fmt: skip
     worker = worker_mod.RolloutWorker(
-        ws, engine, None, publish, lambda record, text: 0.0, [{"prompt": "unused"}],
+        ws, engine, None, publish, scorer_mod.Scorer(lambda record, text: 0.0), [{"prompt": "unused"}],
         lambda text: list(tok(text)["input_ids"]), bound, prompt_ids=fmt.prompt_ids,
     )  # fmt: skip
     settings = gw_service.GatewaySettings(

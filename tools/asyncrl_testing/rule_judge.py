@@ -47,10 +47,12 @@ class SayCharJudge(interface.LogitsProcessor):
         return False
 
     def _add(self, params: Any, prompt_ids: list[int] | None, output_ids: list[int]) -> Any:
-        reply = grade(self.tokenizer.decode(prompt_ids or [], skip_special_tokens=False))
+        reply = grade(str(self.tokenizer.decode(prompt_ids or [], skip_special_tokens=False)))
         if reply is None:
             return None
-        return [*self.tokenizer.convert_tokens_to_ids(list(reply)), self.eos], output_ids
+        vocab = self.tokenizer.get_vocab()
+        ids = [int(vocab[ch]) for ch in reply]
+        return [*ids, self.eos], output_ids
 
     def update_state(self, batch_update: interface.BatchUpdate | None) -> None:
         builtin.process_dict_updates(self.targets, batch_update, self._add)

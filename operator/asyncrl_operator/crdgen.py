@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import pathlib
 import re
 import sys
@@ -73,6 +74,27 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     return {key: _resolve(value, defs) for key, value in node.items()}
 
 
+def _key_rule(node: dict[str, Any]) -> None:
+    """A map's key constraints (pydantic's ``propertyNames``, which a structural schema may not hold) as a
+    CEL rule on the map: the apiserver refuses the CRD with ``propertyNames: field not declared``."""
+    keys = node.pop("propertyNames", None)
+    if not isinstance(keys, dict):
+        return
+    checks, words = [], []
+    if "minLength" in keys:
+        checks.append(f"size(k) >= {keys['minLength']}")
+        words.append(f"at least {keys['minLength']} characters")
+    if "maxLength" in keys:
+        checks.append(f"size(k) <= {keys['maxLength']}")
+        words.append(f"at most {keys['maxLength']} characters")
+    if "pattern" in keys:
+        checks.append(f"k.matches({json.dumps(keys['pattern'])})")
+        words.append(f"matching {keys['pattern']}")
+    if checks:
+        rule = {"rule": f"self.all(k, {' && '.join(checks)})", "message": f"each key: {', '.join(words)}"}
+        node.setdefault("x-kubernetes-validations", []).append(rule)
+
+
 def _structural(node: dict[str, Any], with_defaults: bool) -> dict[str, Any]:
     """Turn one resolved pydantic schema node into a structural OpenAPI v3 node."""
     node = dict(node)
@@ -96,6 +118,7 @@ def _structural(node: dict[str, Any], with_defaults: bool) -> dict[str, Any]:
             node[flag] = node.pop(bound)
             node[bound] = True
     additional = node.get("additionalProperties")
+    _key_rule(node)
     for key in _DROP_KEYS:
         node.pop(key, None)
     if "default" in node and (node["default"] is None or not with_defaults):

@@ -49,6 +49,13 @@ def test_schema_is_structural() -> None:
         special = node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
         assert "type" in node or special, f"{where} has no type"
         assert not ("properties" in node and "additionalProperties" in node), where
+        assert "propertyNames" not in node, f"{where}: the apiserver refuses propertyNames (use CEL)"
+
+
+def test_map_key_bounds_become_a_cel_rule() -> None:
+    verdicts = _schema()["properties"]["spec"]["properties"]["reward"]["properties"]["judge"]["properties"]
+    rules = [r["rule"] for r in verdicts["verdicts"]["x-kubernetes-validations"]]
+    assert rules == ["self.all(k, size(k) >= 1 && size(k) <= 64)"]
 
 
 def test_every_spec_and_status_field_has_a_description() -> None:

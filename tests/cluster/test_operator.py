@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from asyncrl_testing import cluster_wait, jobs, operator_proc
-from asyncrl_testing.operator_proc import condition, get_json, job_status, pods
+from asyncrl_testing.operator_proc import bind_storage, condition, get_json, job_status, pods
 
 pytestmark = pytest.mark.cluster
 
@@ -93,40 +93,6 @@ def report_progress(cluster: Any, namespace: str, job: str, **progress: Any) -> 
         "--type=merge",
         "-p",
         json.dumps({"status": {"progress": progress}}),
-    )
-
-
-def bind_storage(cluster: Any, namespace: str, claim: str) -> None:
-    """A statically bound PV/PVC pair (the scheduler needs bound claims; kwok mounts nothing)."""
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"{namespace}-{claim}"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "manual",
-            "hostPath": {"path": f"/tmp/{namespace}"},
-            "claimRef": {"namespace": namespace, "name": claim},
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "manual",
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    apply(cluster, pv)
-    apply(cluster, pvc)
-    cluster_wait.wait_until(
-        lambda: get_json(cluster, "pvc", claim, "-n", namespace).get("status", {}),
-        lambda st: st.get("phase") == "Bound",
-        f"claim {claim} Bound",
-        timeout=60,
     )
 
 

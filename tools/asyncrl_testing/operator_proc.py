@@ -1,6 +1,7 @@
 """The real `asyncrl-operator` as a subprocess against a test cluster (operator engineer's addition).
 
-Used by tests/cluster/test_operator*.py and the reconcile benchmark:
+Used by tests/cluster/test_operator*.py and the reconcile benchmark (with the small kubectl helpers at the
+end, bind_storage among them):
 
     with operator_proc.running(cluster, workdir) as op:
         ...            # op.metrics_url, op.log_path; op.kill() / op.start() to simulate a crash
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from asyncrl_testing import cluster as cluster_mod
+from asyncrl_testing import cluster_wait
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "asyncrl.dev_asyncrljobs.yaml"
@@ -162,3 +164,37 @@ def pods(c: cluster_mod.Cluster, namespace: str, job: str, role: str | None = No
 
 def condition(status: Any, kind: str) -> Any:
     return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def bind_storage(cluster: cluster_mod.Cluster, namespace: str, claim: str) -> None:
+    """A statically bound PV/PVC pair (the scheduler needs bound claims; kwok mounts nothing)."""
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{namespace}-{claim}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "manual",
+            "hostPath": {"path": f"/tmp/{namespace}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "manual",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    for obj in (pv, pvc):
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    cluster_wait.wait_until(
+        lambda: get_json(cluster, "pvc", claim, "-n", namespace).get("status", {}),
+        lambda st: st.get("phase") == "Bound",
+        f"claim {claim} Bound",
+        timeout=60,
+    )

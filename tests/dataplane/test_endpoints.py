@@ -64,7 +64,7 @@ def endpoint(base_url: str, **kw: Any) -> settings.Endpoint:
         "model": "tiny",
         "api_key": KEY,
         "key_ref": "Secret judge-key key apiKey",
-        "timeout": 10.0,
+        "timeout": 60.0,  # a first request on a loaded CPU box takes > 10 s (vLLM warms up)
         "max_retries": 0,
         **kw,
     }

@@ -58,6 +58,8 @@ def backoff(attempt: int, retry_after: float | None, rng: Callable[[], float] = 
 
 
 class Client:
+    """Calls to one endpoint; ``metrics`` (optional) needs ``endpoint.name`` in metrics.ENDPOINT_NAMES."""
+
     def __init__(
         self,
         endpoint: settings.Endpoint,
@@ -136,7 +138,7 @@ class Client:
                 try:
                     raw = await send(sdk)
                     value = parse(raw.http_response.text)
-                except Exception as exc:
+                except (openai.OpenAIError, errors.EndpointError) as exc:  # anything else is a bug: raised
                     err = await self._classify(exc)
                     self._count(err.code(), start, waited)
                     self.health.failed(err, self.clock())
@@ -149,7 +151,7 @@ class Client:
             await asyncio.sleep(min(backoff(attempt, err.retry_after), self.endpoint.give_up_after))
             attempt += 1
 
-    async def _classify(self, exc: Exception) -> errors.EndpointError:
+    async def _classify(self, exc: BaseException) -> errors.EndpointError:
         served = None
         if isinstance(exc, openai.NotFoundError):
             served = await self._served_models()

@@ -46,6 +46,12 @@ class Judge:
     ) -> None:
         self.spec, self.client, self.runner, self.prompt_key = spec, client, runner, prompt_key
 
+    async def close(self) -> None:
+        """Close the client's connections on the runner's loop, before the runner stops: left to the
+        garbage collector, the SDK would schedule its close on whatever loop runs then (the engine's) and
+        fail there."""
+        await self.runner.run(self.client.close())
+
     async def preflight(self) -> None:
         """The one-token check ("ping", max_tokens 1); EndpointError when the endpoint is not usable."""
         await self.runner.run(self.client.preflight("chat"))

@@ -250,6 +250,8 @@ async def _run(
         await _generate(cfg, replica, checked, records, tools)
     finally:
         if judge_runner is not None:
+            if scorer.judge is not None:
+                await scorer.judge.close()
             judge_runner.stop()
 
 
@@ -283,6 +285,7 @@ async def reward_parts(
         try:
             await scorer.judge.preflight()
         except errors_mod.EndpointError as exc:
+            await scorer.judge.close()
             if runner is not None:
                 runner.stop()
             raise StartupError(exc.line(), code=3) from None

@@ -6,7 +6,8 @@ answers the say_char grade (asyncrl_testing/rule_judge.py: the server, its chat 
 client, our template and score parser are the real ones; only the judgment is a rule). The job has no
 reward function: every reward is the judge's score, normalised from [0, 10].
 
-Checked: the per-step mean reward of the last fifth exceeds the first fifth by > 3 standard errors; a
+Checked: the per-step mean reward of the last fifth exceeds the first fifth by > 3 standard errors, and
+the job dashboard's endpoints row answers for the judge on a real Prometheus (one job run for both); a
 replica given a wrong key exits 3 before starting its engine, its termination message the classified
 Unauthorized line (what the operator shows in the EndpointsReady condition), which never holds the key.
 """
@@ -23,13 +24,13 @@ from typing import Any
 
 import pytest
 from asyncrl_api import config
-from asyncrl_testing import dashboards, learning, localjob, openai_server, rule_judge
+from asyncrl_testing import dashboards, jobs, learning, localjob, openai_server, rule_judge
 from asyncrl_testing import prometheus as prometheus_server
 
 pytestmark = pytest.mark.e2e
 REPO = pathlib.Path(__file__).resolve().parents[2]
 KEY = "judge-key-0123"
-STEPS = 25
+STEPS = 30
 START_S = 480
 
 
@@ -80,27 +81,12 @@ def job_spec(tmp: pathlib.Path, server: openai_server.Server) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_a_judge_rewarded_job_learns(
-    judge: openai_server.Server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(config.JUDGE_API_KEY_ENV, KEY)
-    job = localjob.LocalJob(tmp_path, "judged", job_spec(tmp_path, judge))
-    try:
-        job.start("trainer")
-        job.start("rollout-0", 0)
-        job.wait(f"{STEPS} steps", lambda steps: len(steps) >= STEPS, timeout=START_S)
-        rewards = [float(s["reward_mean"]) for s in job.steps()[:STEPS]]
-    finally:
-        job.stop()
-    learning.assert_rises(rewards, "judge-rewarded say_char")
-
-
 def test_a_wrong_key_stops_the_replica_with_the_classified_line(
     judge: openai_server.Server, tmp_path: pathlib.Path
 ) -> None:
     cfg = config.JobConfig(
         name="judged", namespace="test",
-        spec=localjob.jobs.deep_merge(localjob.jobs.BASE_SPEC, {
+        spec=jobs.deep_merge(jobs.BASE_SPEC, {
             **job_spec(tmp_path, judge), "model": {"path": str(tmp_path / "model"), "create": {"seed": 0}},
         }),
         endpoints=config.Endpoints(
@@ -128,7 +114,6 @@ def test_a_wrong_key_stops_the_replica_with_the_classified_line(
     assert "vLLM engine" not in done.stderr  # refused before the engine started
 
 
-DASHBOARD_STEPS = 5
 NOT_THE_JUDGE = ("Teacher KL",)
 """Panels of the endpoints' row about the teacher alone: this job has none (its gauge stays 0)."""
 
@@ -155,14 +140,15 @@ def _shown(result: list[dict[str, Any]]) -> str:
     )
 
 
-def test_the_job_dashboard_endpoints_row_shows_the_judge(
+def test_a_judge_rewarded_job_learns_and_the_dashboard_shows_its_judge(
     judge: openai_server.Server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The job dashboard's "Judge and teacher endpoints" row (the row tests/e2e/test_observability.py
-    leaves out) on a real Prometheus scraping a short judge job's trainer and rollout every second, with
-    Grafana's variables filled: every judge panel answers a number for the judge -- not nothing, nor NaN --
-    and what they show is a healthy judge (200s, an error ratio under the alert's 0.2, no reward_error
-    drop, latency p50 <= p95)."""
+    """One judge job, its trainer and rollout scraped every second by a real Prometheus. It learns: the
+    per-step mean reward of the last fifth exceeds the first fifth by > 3 standard errors. And the job
+    dashboard's "Judge and teacher endpoints" row (the row tests/e2e/test_observability.py leaves out), with
+    Grafana's variables filled, answers a number for the judge in every judge panel -- not nothing, nor
+    NaN -- showing a healthy judge (200s, an error ratio under the alert's 0.2, no reward_error drop,
+    latency p50 <= p95)."""
     monkeypatch.setenv(config.JUDGE_API_KEY_ENV, KEY)
     job = localjob.LocalJob(tmp_path, "judged", job_spec(tmp_path, judge))
     prom = None
@@ -171,7 +157,8 @@ def test_the_job_dashboard_endpoints_row_shows_the_judge(
         job.start("rollout-0", 0)
         targets = [_metrics_target(job, name) for name in ("trainer", "rollout-0")]
         prom = prometheus_server.start(targets, honor_labels=True)  # keep the job/namespace labels
-        job.wait(f"{DASHBOARD_STEPS} steps", lambda steps: len(steps) >= DASHBOARD_STEPS, timeout=START_S)
+        job.wait(f"{STEPS} steps", lambda steps: len(steps) >= STEPS, timeout=START_S)
+        rewards = [float(s["reward_mean"]) for s in job.steps()[:STEPS]]
         board = dashboards.load(dashboards.JOB_BOARD)
         panels = [
             (title, dashboards.substitute(expr, "test", "judged"))
@@ -186,6 +173,7 @@ def test_the_job_dashboard_endpoints_row_shows_the_judge(
         if prom is not None:
             prom.stop()
         job.stop()
+    learning.assert_rises(rewards, "judge-rewarded say_char")
     print(f"the {dashboards.ENDPOINT_ROW} row:")
     for title, results in answers.items():
         print(f"  {title}: " + " | ".join(_shown(result) for result in results))

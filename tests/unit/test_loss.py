@@ -97,13 +97,13 @@ def test_on_policy_corrections_agree_with_plain_ppo():
     assert math.isfinite(values[0])
 
 
-def _teacher_inputs(num_tokens=5.0):
+def _teacher_inputs(num_tokens=5.0, theta_over_behav=((1.0, 1.0, 1.0), (1.0, 1.0, 1.0))):
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.5, -4.0]], requires_grad=True)
     teacher = torch.tensor([[-1.5, -1.0, -0.5], [-0.8, -3.5, 0.0]])  # row 1 token 2: padding
     inputs = loss.LossInputs(
         logprobs=logprobs,
         proximal_logprobs=logprobs.detach(),
-        behaviour_logprobs=logprobs.detach(),
+        behaviour_logprobs=logprobs.detach() - torch.log(torch.tensor(theta_over_behav)),
         advantages=torch.zeros(2),
         mask=torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]),
         num_tokens=num_tokens,
@@ -112,37 +112,54 @@ def _teacher_inputs(num_tokens=5.0):
 
 
 def test_teacher_kl_value_is_the_masked_mean_log_ratio_times_the_coefficient():
-    # delta = logp - teacher = [[0.5, -1.0, 0.0], [0.5, 2.0, (-4.0 masked)]]; masked sum 2.0 over 5 tokens
+    # fresh samples (pi_behav = pi_theta, w = 1); delta = logp - teacher = [[.5, -1, 0], [.5, 2, (-4 masked)]]
     # value = klCoef 2 * 2.0 / 5 = 0.8; teacher_kl = 2.0 / 5 = 0.4
     inputs, teacher = _teacher_inputs()
-    value, metrics = loss.teacher_kl_loss(inputs, teacher, kl_coef=2.0)
+    value, metrics = loss.teacher_kl_loss(inputs, teacher, 2.0, CLIP)
     assert float(value.detach()) == pytest.approx(0.8, abs=1e-6)
     assert metrics["teacher_kl"] == pytest.approx(0.4, abs=1e-6)
 
 
-def test_teacher_kl_gradient_is_the_log_ratio_times_the_score():
-    # d/dlogp_t = klCoef * mask_t * delta_t / num_tokens = 2/5 * [[0.5, -1, 0], [0.5, 2, 0]]:
-    # tokens the policy likes more than the teacher are pushed down, the others up; padding gets nothing
+def test_teacher_kl_gradient_is_the_log_ratio_less_its_mean_times_the_score():
+    # baseline b = mean delta = 0.4; d/dlogp_t = klCoef * mask_t * (delta_t - b) / num_tokens
+    # = 2/5 * [[0.1, -1.4, -0.4], [0.1, 1.6, 0]]: tokens the policy likes more than the teacher (relative
+    # to the batch) are pushed down, the others up; padding gets nothing
     inputs, teacher = _teacher_inputs()
-    value, _ = loss.teacher_kl_loss(inputs, teacher, kl_coef=2.0)
+    value, _ = loss.teacher_kl_loss(inputs, teacher, 2.0, CLIP)
     value.backward()
     assert inputs.logprobs.grad.tolist() == [
-        pytest.approx([0.2, -0.4, 0.0], abs=1e-6),
-        pytest.approx([0.2, 0.8, 0.0], abs=1e-6),
+        pytest.approx([0.04, -0.56, -0.16], abs=1e-6),
+        pytest.approx([0.04, 0.64, 0.0], abs=1e-6),
     ]
 
 
 def test_teacher_kl_is_normalised_by_the_global_token_count():
     # another rank holds 5 more tokens: value 2 * 2.0 / 10 = 0.4; the metric stays this rank's mean 0.4
     inputs, teacher = _teacher_inputs(num_tokens=10.0)
-    value, metrics = loss.teacher_kl_loss(inputs, teacher, kl_coef=2.0)
+    value, metrics = loss.teacher_kl_loss(inputs, teacher, 2.0, CLIP)
     assert float(value.detach()) == pytest.approx(0.4, abs=1e-6)
     assert metrics["teacher_kl"] == pytest.approx(0.4, abs=1e-6)
 
 
+def test_teacher_kl_of_stale_samples_is_weighted_by_the_truncated_importance_ratio():
+    # pi_theta / pi_behav = [[0.5, 3 -> cap 2, 1], [1, 1, 1]]; w * delta = [[0.25, -2.0, 0], [0.5, 2.0, -]]
+    # value = 2 * 0.75 / 5 = 0.3; grad = 2/5 * w * (delta - 0.4) = 2/5 * [[0.05, -2.8, -0.4], [0.1, 1.6, -]];
+    # the metric stays the unweighted mean delta 0.4
+    inputs, teacher = _teacher_inputs(theta_over_behav=((0.5, 3.0, 1.0), (1.0, 1.0, 1.0)))
+    value, metrics = loss.teacher_kl_loss(inputs, teacher, 2.0, CLIP)
+    value.backward()
+    assert float(value.detach()) == pytest.approx(0.3, abs=1e-6)
+    assert inputs.logprobs.grad.tolist() == [
+        pytest.approx([0.02, -1.12, -0.16], abs=1e-6),
+        pytest.approx([0.04, 0.64, 0.0], abs=1e-6),
+    ]
+    assert metrics["teacher_kl"] == pytest.approx(0.4, abs=1e-6)
+    assert metrics["teacher_is_weight_mean"] == pytest.approx(1.1, abs=1e-6)
+
+
 def test_teacher_kl_is_zero_where_the_policy_matches_the_teacher():
     inputs, _ = _teacher_inputs()
-    value, metrics = loss.teacher_kl_loss(inputs, inputs.logprobs.detach(), kl_coef=2.0)
+    value, metrics = loss.teacher_kl_loss(inputs, inputs.logprobs.detach(), 2.0, CLIP)
     value.backward()
     assert float(value.detach()) == 0.0 and metrics["teacher_kl"] == 0.0
     assert inputs.logprobs.grad.abs().sum().item() == 0.0

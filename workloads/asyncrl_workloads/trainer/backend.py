@@ -222,7 +222,9 @@ class FSDP2Backend(TrainerBackend):
                 if s.teacher_kl_coef is not None and teacher is not None:
                     rows = [list(teacher[t.id]) for t in mine]
                     teacher_logprobs = _pad(rows, 0.0, torch.float32).to(dev)  # (B, R)
-                    kl_part, kl_metrics = loss.teacher_kl_loss(inputs, teacher_logprobs, s.teacher_kl_coef)
+                    kl_part, kl_metrics = loss.teacher_kl_loss(
+                        inputs, teacher_logprobs, s.teacher_kl_coef, s.clip
+                    )
                     part = part + kl_part
                     metrics.update(kl_metrics)
                 # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum

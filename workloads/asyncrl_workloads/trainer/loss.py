@@ -177,32 +177,50 @@ LOSSES: dict[str, Callable[[LossInputs, ClipSettings], tuple[torch.Tensor, Metri
 
 
 def teacher_kl_loss(
-    inputs: LossInputs, teacher_logprobs: torch.Tensor, kl_coef: float
+    inputs: LossInputs, teacher_logprobs: torch.Tensor, kl_coef: float, clip: ClipSettings
 ) -> tuple[torch.Tensor, Metrics]:
     """Per-token reverse KL to a teacher on the generated tokens (on-policy distillation: Agarwal et al.
     2024, GKD, arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv 2306.08543; Thinking Machines' "On-Policy
     Distillation", 2025; prime-rl's teacher via prompt logprobs; slime's teacher advantage shaping):
 
         delta_t = sg(log pi_theta(a_t) - log pi_T(a_t))            (the k1 estimate of KL(pi_theta || pi_T))
-        L       = klCoef * sum_t mask_t * delta_t * pi_theta(a_t) / sg(pi_theta(a_t)) / num_tokens
+        w_t     = sg(min(pi_theta(a_t) / pi_behav(a_t), cap))      (truncated importance weight, cap: is_cap)
+        b       = masked mean of delta_t over the micro-batch                (a baseline)
+        L       = klCoef * sum_t mask_t * w_t * ((delta_t - b) * pi_theta(a_t) / sg(pi_theta(a_t)) + b)
+                  / num_tokens
 
-    Value: klCoef * mean_t delta_t (pi_theta / sg(pi_theta) = 1). Gradient: klCoef * mean_t delta_t *
-    grad log pi_theta(a_t), the score-function gradient of the reverse KL with each token's own delta as
-    its (negated) reward, as if the advantage were A_t - klCoef * delta_t (slime, prime-rl) with discount
-    0 (Thinking Machines): the future tokens' deltas, which the exact sequence-level gradient would also
-    credit to a_t, are left out, and so is the exact full-vocabulary KL (the teacher returns only the
-    sampled token's logprob). Differentiating klCoef * delta_t itself would give klCoef * grad log
-    pi_theta, which has expectation zero: it would not move the policy toward the teacher.
+    Value: klCoef * mean_t w_t delta_t. Gradient: klCoef * mean_t w_t (delta_t - b) grad log pi_theta(a_t),
+    the score-function gradient of the reverse KL with each token's own delta as its (negated) reward, as
+    if the advantage were A_t - klCoef * delta_t inside the importance-weighted policy loss (slime,
+    prime-rl) with discount 0 (Thinking Machines): the future tokens' deltas, which the exact sequence-level
+    gradient would also credit to a_t, are left out, and so is the exact full-vocabulary KL (the teacher
+    returns only the sampled token's logprob). Differentiating klCoef * delta_t itself would give klCoef *
+    grad log pi_theta, whose expectation is zero on-policy: it would not move the policy toward the teacher.
+    The baseline b changes no expectation (E[grad log pi] = 0; up to b's O(1/tokens) dependence on the
+    token itself) but the variance a great deal: delta is ~2.4 nats on average for a tiny model far from
+    its teacher, and without b every sampled token was pushed down hard, mass flowing to whatever was not
+    sampled; on the e2e job the KL hardly fell.
 
     Off-policy: the tokens were sampled by the behaviour policy (the rollout engine, up to maxStaleness
-    versions old), and the term is taken on them without an importance weight or clipping, as the
-    references do; tool output and padding (mask 0) carry no term. log pi_theta is at the sampling
-    temperature (backend.py), the teacher's at temperature 1 (prompt logprobs).
+    versions old). Without w_t the estimate E_behav[delta grad log pi_theta] carries the bias
+    E_behav[delta] * E_behav[grad log pi_theta], which is not zero off-policy and, delta having no
+    baseline, pushes the policy away from the one that sampled: a tiny model one version stale drifted away
+    from its teacher instead of toward it. w_t removes it (up to the truncation at cap, IMPALA-style;
+    Espeholt et al. 2018, arXiv 1802.01561); for fresh samples w_t = 1. Tool output and padding (mask 0)
+    carry no term. log pi_theta is at the sampling temperature (backend.py), the teacher's at temperature 1
+    (prompt logprobs).
 
-    teacher_logprobs (B, T), aligned with inputs.logprobs; metrics: teacher_kl, the masked mean delta_t.
+    teacher_logprobs (B, T), aligned with inputs.logprobs; metrics: teacher_kl, the masked mean delta_t
+    (unweighted: over the behaviour policy's tokens), and teacher_is_weight_mean.
     """
     logprobs, mask = inputs.logprobs, inputs.mask  # (B, T)
     delta = (logprobs - teacher_logprobs).detach()  # (B, T)
+    weight = torch.exp(logprobs.detach() - inputs.behaviour_logprobs).clamp(max=clip.is_cap)  # (B, T)
     score = torch.exp(logprobs - logprobs.detach())  # (B, T): 1 in value, grad log pi_theta in gradient
-    loss = kl_coef * _reduce(delta * score, mask, inputs.num_tokens)
-    return loss, {"teacher_kl": _masked_mean(delta, mask)}
+    baseline = (delta * mask).sum() / mask.sum().clamp(min=1.0)  # ()
+    per_token = weight * ((delta - baseline) * score + baseline)  # (B, T): value w delta
+    loss = kl_coef * _reduce(per_token, mask, inputs.num_tokens)
+    return loss, {
+        "teacher_kl": _masked_mean(delta, mask),
+        "teacher_is_weight_mean": _masked_mean(weight, mask),
+    }

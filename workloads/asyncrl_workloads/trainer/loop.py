@@ -23,7 +23,8 @@ With spec.teacher, rank 0 asks the teacher for the logprobs of every chosen samp
 (trainer/teacher.py) before broadcasting the batch, and the batch carries them to every rank (the
 backend adds the reverse-KL term). A sample the teacher gave none for is dropped from the step, counted
 dropped{reason="reward_error"} and acked like a stale one; a teacher that has failed for
-giveUpAfterSeconds ends the trainer (teacher.GaveUp) with its samples unacked, so they come back.
+giveUpAfterSeconds ends the trainer (teacher.GaveUp, checked after each call and while waiting for
+samples) with its samples unacked, so they come back.
 
 What rank 0 records about each step (counters, metrics, the JSON step log, the progress report)
 lives in trainer/steplog.py.
@@ -145,6 +146,7 @@ class Leader:
             if taken is None or taken:
                 return taken
             await self._bcast(("idle", None))
+            await self._teacher_alive()
             await self._catch_up(state)
             await self.steplog.refresh_queue()
             self._report(state, {}, force=False)
@@ -217,10 +219,7 @@ class Leader:
             if not fetching.done():
                 await self._bcast(("idle", None))
         fetched = fetching.result()
-        error = teacher.gave_up()
-        if error is not None:
-            await self._bcast(("stop", None))
-            raise teacher_mod.GaveUp(error)
+        await self._teacher_alive()
         failed = [t for t in taken if t.trajectory.id in fetched.failed]
         if failed:
             log.warning(
@@ -229,6 +228,15 @@ class Leader:
             )  # fmt: skip
             await self.intake.drop_reward_errors([t.received for t in failed])
         return [t for t in taken if t.trajectory.id in fetched.logprobs], fetched.logprobs
+
+    async def _teacher_alive(self) -> None:
+        """Raise teacher.GaveUp (after stopping the other ranks) once every teacher call has failed for
+        giveUpAfterSeconds. Checked while waiting for samples too: after a few dropped batches the rollouts
+        may wait for a version that no step will bring, and the trainer must still end with the reason."""
+        error = self.teacher.gave_up() if self.teacher is not None else None
+        if error is not None:
+            await self._bcast(("stop", None))
+            raise teacher_mod.GaveUp(error)
 
     def _fresh_gap(self, taken: list[inbox.Taken], version: int) -> dict[str, float]:
         """Logprob gap between trainer and engine on samples generated entirely by the current version."""

@@ -202,10 +202,10 @@ def teacher_kl_loss(
     sampled; on the e2e job the KL hardly fell.
 
     Off-policy: the tokens were sampled by the behaviour policy (the rollout engine, up to maxStaleness
-    versions old). Without w_t the estimate E_behav[delta grad log pi_theta] carries the bias
-    E_behav[delta] * E_behav[grad log pi_theta], which is not zero off-policy and, delta having no
-    baseline, pushes the policy away from the one that sampled: a tiny model one version stale drifted away
-    from its teacher instead of toward it. w_t removes it (up to the truncation at cap, IMPALA-style;
+    versions old). Without w_t the estimate E_behav[delta grad log pi_theta] is not the on-policy gradient:
+    E_behav[grad log pi_theta] is not zero off-policy, and the mean of delta times it pushes the policy
+    away from the one that sampled (without w_t and b, a tiny model one version stale drifted away from its
+    teacher instead of toward it). w_t removes the bias (up to the truncation at cap, IMPALA-style;
     Espeholt et al. 2018, arXiv 1802.01561); for fresh samples w_t = 1. Tool output and padding (mask 0)
     carry no term. log pi_theta is at the sampling temperature (backend.py), the teacher's at temperature 1
     (prompt logprobs).

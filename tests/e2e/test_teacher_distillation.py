@@ -10,10 +10,10 @@ term klCoef * (log pi_theta - log pi_teacher) to the loss (trainer/loss.py). Che
   (reward_error, in the ledger), and after giveUpAfterSeconds the trainer exits 3 with the classified
   line ("Unreachable: teacher endpoint ...") as its termination message.
 
-One sample per prompt (GRPO groups of one: no reward signal, the teacher alone trains), so every sample
-has a sampling seed of its own: the rollout seeds group g's i-th sample with base + g + i (vLLM adds the
-sample index to the request seed), so with n > 1 neighbouring groups repeat each other's random draws,
-and a tiny model's near-uniform samples then repeat too (a third of the samples distinct at n = 4).
+One sample per prompt (GRPO groups of one: no reward signal, the teacher alone trains). This test found
+that the rollout seeded group g's i-th sample with base + g + i (vLLM adds the sample index to the request
+seed), so with n > 1 neighbouring groups shared random draws (a third of the samples distinct at n = 4);
+group seeds are n apart since.
 
 The rollout starts before the teacher server, to overlap the two ~50 s vLLM start-ups on two cores; the
 teacher's URL (a free port the server picks) goes into the trainer's config once it is up (rollouts never

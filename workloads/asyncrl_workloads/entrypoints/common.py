@@ -7,6 +7,7 @@ and exits with `code` (2 for bad configuration, 1 for a startup failure, 3 for a
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import sys
 
@@ -43,3 +44,15 @@ def load_config(path: str) -> config_mod.JobConfig:
     if not (model / "config.json").is_file() and cfg.spec.model.create is None:
         raise Refused(2, f"spec.model.path: no model at {model} (config.json missing)")
     return cfg
+
+
+QUIET_LOGGERS = ("httpx", "httpx2", "openai")
+"""HTTP clients that log every request at INFO: the judge and teacher send thousands (the endpoint
+metrics count them instead); their warnings and errors still show."""
+
+
+def setup_logging(fmt: str) -> None:
+    """INFO logging to stderr in the pod's format, the HTTP clients' per-request lines left out."""
+    logging.basicConfig(level=logging.INFO, format=fmt)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)

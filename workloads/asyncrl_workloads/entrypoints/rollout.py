@@ -11,7 +11,6 @@ environment: ASYNCRL_REPLICA (pod ordinal), ASYNCRL_METRICS_PORT (local runner o
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -51,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             tools_mod.check_record_tools(records, tools)
     except (loader.RewardLoadError, source.PromptSourceError, tools_mod.ToolLoadError) as exc:
         return _fail(2, str(exc))
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s"
-    )
+    common.setup_logging(f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s")
     from asyncrl_workloads.endpoints import errors
     from asyncrl_workloads.rollout import main as rollout_main  # heavy: vLLM, torch
 

@@ -12,7 +12,6 @@ or the operator's StatefulSet), ASYNCRL_METRICS_PORT, ASYNCRL_PROGRESS_FILE, ASY
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 import sys
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         refused = _check_teacher(cfg)
         if refused is not None:
             return refused
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(name)s: %(message)s")
+    common.setup_logging("%(asctime)s trainer %(levelname)s %(name)s: %(message)s")
     from asyncrl_workloads.trainer import main as trainer_main  # heavy: torch, transformers
     from asyncrl_workloads.trainer import teacher
 

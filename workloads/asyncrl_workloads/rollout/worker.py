@@ -268,8 +268,9 @@ class RolloutWorker:
                 return []
         else:
             prompt_ids = self.encode(str(record[self.s.prompt_key]))
+        # vLLM seeds sample i of an n-sample request with seed + i: groups' seeds n apart never share one
         params = self.engine.sampling(
-            self.s.n, self.s.max_tokens, self.s.temperature, self.s.top_p, seed=seed
+            self.s.n, self.s.max_tokens, self.s.temperature, self.s.top_p, seed=seed * max(1, self.s.n)
         )
         completions = await self.engine.generate(prompt_ids, params)
         return [

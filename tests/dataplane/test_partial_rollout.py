@@ -131,17 +131,11 @@ async def _run(model_path: pathlib.Path) -> Scenario:
     def encode(text: str) -> list[int]:
         return list(tok(text)["input_ids"])
 
+    scorer = scorer_mod.Scorer(say_char.reward)
     try:
         # Phase 1: partial rollout.
         worker = worker_mod.RolloutWorker(
-            settings,
-            engine,
-            link,
-            publish,
-            scorer_mod.Scorer(say_char.reward),
-            say_char.records(),
-            encode,
-            bound,
+            settings, engine, link, publish, scorer, say_char.records(), encode, bound
         )
         stop = asyncio.Event()
         run = asyncio.create_task(worker.run(stop))
@@ -159,7 +153,7 @@ async def _run(model_path: pathlib.Path) -> Scenario:
         published.clear()
         worker2 = worker_mod.RolloutWorker(
             dataclasses.replace(settings, partial_rollout=False), engine, link, publish,
-            scorer_mod.Scorer(say_char.reward), say_char.records(), encode, bound,
+            scorer, say_char.records(), encode, bound,
         )  # fmt: skip
         worker2._engine_epoch = worker._engine_epoch  # the engine workers are already connected
         stop2 = asyncio.Event()
@@ -181,14 +175,7 @@ async def _run(model_path: pathlib.Path) -> Scenario:
         long_prompt = [(7 * i) % (vocab - 3) + 3 for i in range(2 * block + 10)]  # 2 full blocks
         params = engine.sampling(1, 4, 1.0, 1.0, seed=11)
         worker3 = worker_mod.RolloutWorker(
-            settings,
-            engine,
-            link,
-            publish,
-            scorer_mod.Scorer(say_char.reward),
-            say_char.records(),
-            encode,
-            bound,
+            settings, engine, link, publish, scorer, say_char.records(), encode, bound
         )
         worker3._engine_epoch = worker._engine_epoch
         stop3 = asyncio.Event()

@@ -115,3 +115,33 @@ def test_the_teacher_klcoef_reaches_the_backend_settings(tmp_path):
     assert main.train_settings(without).teacher_kl_coef is None
     cfg = config.load(write(tmp_path, teacher=teacher_spec(8000)))
     assert main.train_settings(cfg).teacher_kl_coef == 2.5
+
+
+def test_the_batch_that_runs_out_the_give_up_clock_is_dropped_and_acked_before_the_trainer_ends():
+    """Found by the teacher e2e in CI: the give-up check ran before the failed samples were recorded, so
+    the ledger of a trainer that ended on its first failed batch had no drops (and those samples stayed
+    unacked). A teacher on a closed port with giveUpAfterSeconds 0 fails its first batch and gives up."""
+    from asyncrl_workloads.trainer import inbox, loop
+
+    class Intake:
+        def __init__(self):
+            self.dropped = []
+
+        async def drop_reward_errors(self, received):
+            self.dropped.extend(received)
+
+    endpoint = settings.Endpoint(
+        name="teacher", base_url=f"http://127.0.0.1:{closed_port()}/v1", model="teacher",
+        max_retries=0, give_up_after=0.0,
+    )  # fmt: skip
+    t = teacher.Teacher(endpoint, None)
+    t.start()
+    leader = loop.Leader.__new__(loop.Leader)  # only what _ask_teacher touches: world, intake, teacher
+    leader.world, leader.intake, leader.teacher = type("World", (), {"size": 1})(), Intake(), t
+    taken = [inbox.Taken(make(tid), f"received-{tid}", 0) for tid in ("a", "b")]
+    try:
+        with pytest.raises(teacher.GaveUp, match="^Unreachable: teacher endpoint "):
+            asyncio.run(leader._ask_teacher(t, taken))
+    finally:
+        t.close()
+    assert leader.intake.dropped == ["received-a", "received-b"]

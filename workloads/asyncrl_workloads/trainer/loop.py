@@ -219,14 +219,14 @@ class Leader:
             if not fetching.done():
                 await self._bcast(("idle", None))
         fetched = fetching.result()
-        await self._teacher_alive()
         failed = [t for t in taken if t.trajectory.id in fetched.failed]
-        if failed:
+        if failed:  # recorded and acked before a give-up: the batch that ran the clock out is accounted too
             log.warning(
                 "teacher: %d of %d samples dropped (no logprobs): %s",
                 len(failed), len(taken), fetched.failed[failed[0].trajectory.id],
             )  # fmt: skip
             await self.intake.drop_reward_errors([t.received for t in failed])
+        await self._teacher_alive()
         return [t for t in taken if t.trajectory.id in fetched.logprobs], fetched.logprobs
 
     async def _teacher_alive(self) -> None:

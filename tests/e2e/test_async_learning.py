@@ -261,20 +261,19 @@ def assert_async_run_is_consistent(tmp_path: pathlib.Path, run: dict, steps_n: i
     assert gaps and max(gaps) < 1e-3, gaps
 
 
-@pytest.mark.parametrize(("mode", "bound"), [("sync", 0), ("one-step-off", 1)])
-def test_sync_and_one_step_off_keep_their_staleness_bound_without_dropping(tmp_path, mode, bound):
-    """The same code paths with maxStaleness from the mode: sync generates one batch per version and
-    waits (staleness 0), one-step-off runs one version ahead; neither stalls, and no consumed sample is
-    outside the bound. (A sample may still be dropped as stale when a rollout's stall release admits an
-    extra batch while a slow trainer step runs; that is counted, not trained.)"""
-    run = run_job(tmp_path, mode, 8, None)
+def test_sync_mode_trains_only_on_the_weights_it_holds_without_stalling(tmp_path):
+    """The same code paths with maxStaleness 0 (mode sync): one batch per version, then the rollouts
+    wait; nothing stalls and every consumed sample has staleness 0. one-step-off is the same paths with
+    bound 1 (tests/unit/test_api_models.py, test_rollout_admission.py; the async test above runs bound
+    2); its own e2e run (~2 min) was cut to keep CI's test time in budget. (A sample may still be dropped
+    as stale when a rollout's stall release admits an extra batch while a slow trainer step runs; that is
+    counted, not trained.)"""
+    run = run_job(tmp_path, "sync", 8, None)
     steps = run["steps"]
-    assert max(max(s["staleness"]) for s in steps) <= bound
-    if mode == "sync":
-        assert {v for s in steps for v in s["staleness"]} == {0}
-        # every sample of every step came from the weights the trainer held: after each sync the engine's
-        # logprobs equal the trainer's (fp32 on both sides; measured ~3e-7)
-        assert all(s["fresh_samples"] == s["samples"] and s["fresh_logprob_gap"] < 1e-4 for s in steps)
+    assert {v for s in steps for v in s["staleness"]} == {0}
+    # every sample of every step came from the weights the trainer held: after each sync the engine's
+    # logprobs equal the trainer's (fp32 on both sides; measured ~3e-7)
+    assert all(s["fresh_samples"] == s["samples"] and s["fresh_logprob_gap"] < 1e-4 for s in steps)
     versions = [s["version"] for s in steps]
     assert versions == list(range(1, 9))
 

@@ -96,6 +96,17 @@ def report_progress(cluster: Any, namespace: str, job: str, **progress: Any) -> 
     )
 
 
+def test_every_example_passes_the_real_apiservers_admission(cluster, namespace, operator):
+    """Every file in examples/ through the CRD's schema and CEL rules on the real apiserver (a server-side
+    dry run: nothing is created). The unit layer checks the same files against the pydantic mirror."""
+    files = sorted(jobs.EXAMPLES.glob("*.yaml"))
+    out = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, *(a for f in files for a in ("-f", str(f)))
+    ).stdout
+    assert out.count("(server dry run)") == len(files), out
+    assert cluster.kubectl("get", "asyncrljobs", "-n", namespace, "-o", "name").stdout.strip() == ""
+
+
 def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, namespace, operator):
     bind_storage(cluster, namespace, "rl-storage")
     cluster.kubectl("apply", "-n", namespace, "-f", str(jobs.EXAMPLES / "job.yaml"))

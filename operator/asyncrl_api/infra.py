@@ -109,13 +109,18 @@ class SchedulingSpec(base.APIModel):
     """How pods are placed."""
 
     gang: bool = True
-    """Schedule the trainer all-or-nothing: with a gang scheduler (schedulerName) a pod group is
-    declared; with the default scheduler all trainer pods are created in parallel and a failed one
-    restarts the whole gang."""
+    """Schedule the trainer all-or-nothing. Always: its pods are created in parallel and a failed one
+    restarts the whole gang. With schedulerName scheduler-plugins-scheduler (coscheduling) or volcano, a
+    PodGroup <job>-trainer (minMember = trainer.replicas, minResources = the gang's requests) is declared
+    and the trainer pods name it; with queueName, Kueue admits the trainer pods as one pod group, all or
+    none. false: no PodGroup, and the trainer pods are separate Kueue workloads."""
     scheduler_name: str | None = pydantic.Field(default=None, min_length=1, max_length=253)
-    """Scheduler for both roles, e.g. volcano; unset = the default scheduler."""
+    """Scheduler for both roles; unset = the default scheduler. scheduler-plugins-scheduler and volcano
+    get a PodGroup for the trainer gang (their CRDs must be installed); any other name is passed on."""
     queue_name: str | None = pydantic.Field(default=None, min_length=1, max_length=63)
-    """Queue for a batch admission system (sets the kueue.x-k8s.io/queue-name label)."""
+    """Kueue LocalQueue of the job's pods (label kueue.x-k8s.io/queue-name; Kueue's pod integration must
+    be enabled): the trainer gang is one workload, each rollout pod its own; pods wait, gated, until
+    the queue admits them."""
     priority_class_name: str | None = pydantic.Field(default=None, min_length=1, max_length=253)
     """PriorityClass of every pod."""
 

@@ -15,12 +15,13 @@ from typing import Any
 import kubernetes
 from asyncrl_api import models
 
-from asyncrl_operator.render import names
+from asyncrl_operator import render
 
 Body = dict[str, Any]
 
-# kind -> plural. Every kind render() emits, plus Pods, Secrets (only ever read one by one, to check a key
-# the spec names exists: reconcile._secret_problems) and our own jobs.
+# kind key (render.kind_key: PodGroup.<group> for the two PodGroups) -> plural. Every kind render() emits,
+# plus Pods, Secrets (only ever read one by one, to check a key the spec names exists:
+# reconcile._secret_problems) and our own jobs.
 PLURALS: dict[str, str] = {
     "ConfigMap": "configmaps",
     "Service": "services",
@@ -31,6 +32,8 @@ PLURALS: dict[str, str] = {
     "NetworkPolicy": "networkpolicies",
     "Role": "roles",
     "RoleBinding": "rolebindings",
+    "PodGroup.scheduling.x-k8s.io": "podgroups",
+    "PodGroup.scheduling.volcano.sh": "podgroups",
     models.KIND: models.PLURAL,
 }
 API_VERSIONS: dict[str, str] = {
@@ -43,6 +46,8 @@ API_VERSIONS: dict[str, str] = {
     "NetworkPolicy": "networking.k8s.io/v1",
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "PodGroup.scheduling.x-k8s.io": "scheduling.x-k8s.io/v1alpha1",
+    "PodGroup.scheduling.volcano.sh": "scheduling.volcano.sh/v1beta1",
     models.KIND: models.API_VERSION,
 }
 
@@ -102,8 +107,8 @@ class Client:
     def apply(self, obj: Body) -> Body:
         """Server-side apply one object; returns the object as stored (with its status)."""
         meta = obj["metadata"]
-        url = path(obj["kind"], meta["namespace"], meta["name"])
-        query = [("fieldManager", names.MANAGER), ("force", "true")]
+        url = path(render.kind_key(obj), meta["namespace"], meta["name"])
+        query = [("fieldManager", render.names.MANAGER), ("force", "true")]
         result: Body = self._call("PATCH", url, obj, query, "application/apply-patch+yaml")
         return result
 

@@ -127,11 +127,13 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
             return
         applied: dict[tuple[str, str], Body] = {}
         for obj in render.render(job):
-            key = (obj["kind"], obj["metadata"]["name"])
+            key = (render.kind_key(obj), obj["metadata"]["name"])
             try:
                 applied[key] = client.apply(obj)
             except apply.ApiError as exc:
                 why = f"applying {key[0]} {key[1]} failed: {exc.status} {exc.reason}"
+                if exc.status == 404 and "." in key[0]:  # a PodGroup whose CRD is not installed
+                    why += f" (is the {key[0]} CRD installed? spec.scheduling.schedulerName asks for it)"
                 log.error("%s/%s: %s", namespace, name, why)
                 degraded = status.with_condition(job.status, "Degraded", True, "ApplyFailed", why, now)
                 _write_status(client, body, degraded)

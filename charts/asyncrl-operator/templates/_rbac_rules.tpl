@@ -40,6 +40,13 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [create, patch]
+# PodGroups of a job's trainer gang (render/gang.py: scheduler-plugins' coscheduling and Volcano, by
+# spec.scheduling.schedulerName): applied as above; reconcile._prune GETs and DELETEs (uid precondition,
+# only if this job owns it) the one a job's spec no longer renders. Granting them where the CRDs are not
+# installed is harmless.
+- apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [get, create, patch, delete]
 # StatefulSets: applied as above, GET by reconcile.refresh_status, watched by handlers.on_statefulset_event.
 - apiGroups: [apps]
   resources: [statefulsets]

@@ -11,7 +11,18 @@ from typing import Any
 
 from asyncrl_api import models
 
-from asyncrl_operator.render import configmap, gateway, names, nats, network, rbac, rollout, services, trainer
+from asyncrl_operator.render import (
+    configmap,
+    gang,
+    gateway,
+    names,
+    nats,
+    network,
+    rbac,
+    rollout,
+    services,
+    trainer,
+)
 
 Manifest = dict[str, Any]
 
@@ -19,8 +30,8 @@ __all__ = ["Manifest", "configmap", "names", "render"]
 
 
 def render(job: models.AsyncRLJob) -> list[Manifest]:
-    """Objects in apply order: config and identity first, then policies and services, the bus, the two
-    roles."""
+    """Objects in apply order: config and identity first, then policies and services, the bus, the
+    trainer gang's PodGroup (with a gang scheduler), the two roles."""
     cfg = configmap.job_config(job)
     config_hash = configmap.config_hash(cfg)
     objects: list[Manifest] = [
@@ -40,6 +51,9 @@ def render(job: models.AsyncRLJob) -> list[Manifest]:
         ]
     if job.spec.bus.nats.managed:
         objects += [nats.render_nats_service(job), nats.render_nats_statefulset(job)]
+    pod_group = gang.render_pod_group(job)
+    if pod_group is not None:  # before the trainer's pods, which name it
+        objects.append(pod_group)
     objects += [
         trainer.render_trainer_statefulset(job, config_hash),
         rollout.render_rollout_statefulset(job, config_hash),
@@ -48,9 +62,23 @@ def render(job: models.AsyncRLJob) -> list[Manifest]:
 
 
 def optional(job_name: str) -> list[tuple[str, str]]:
-    """(kind, name) of the children only some specs render: the gateway's. ``reconcile`` deletes the ones
-    a job's spec no longer renders (agent.loop changed from gateway), so none is left behind."""
-    return [("NetworkPolicy", names.gateway(job_name)), ("Service", names.gateway(job_name))]
+    """(kind key, name) of the children only some specs render: the gateway's and the PodGroups.
+    ``reconcile`` deletes the ones a job's spec no longer renders (agent.loop changed from gateway,
+    another schedulerName), so none is left behind."""
+    return [
+        ("NetworkPolicy", names.gateway(job_name)),
+        ("Service", names.gateway(job_name)),
+        (f"{gang.POD_GROUP_KIND}.{gang.COSCHEDULING_GROUP}", names.trainer(job_name)),
+        (f"{gang.POD_GROUP_KIND}.{gang.VOLCANO_GROUP}", names.trainer(job_name)),
+    ]
+
+
+def kind_key(obj: Manifest) -> str:
+    """How ``apply`` and ``reconcile`` key an object's kind: ``PodGroup.<group>`` for the PodGroups (two
+    API groups share that kind), else the kind."""
+    if obj["kind"] == gang.POD_GROUP_KIND:
+        return f"{obj['kind']}.{obj['apiVersion'].split('/')[0]}"
+    return str(obj["kind"])
 
 
 def kinds_and_names(objects: list[Manifest]) -> list[tuple[str, str]]:

@@ -23,8 +23,6 @@ COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PART_OF = "app.kubernetes.io/part-of"
 POD_INDEX = "apps.kubernetes.io/pod-index"
-QUEUE_NAME = "kueue.x-k8s.io/queue-name"
-POD_GROUP = "scheduling.x-k8s.io/pod-group"
 
 # Annotation keys.
 CONFIG_HASH = "asyncrl.dev/config-hash"

@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncrl_api import config, models, roles, status
 
-from asyncrl_operator.render import names
+from asyncrl_operator.render import gang, names
 
 GPU = "nvidia.com/gpu"
 TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
@@ -100,14 +100,8 @@ def scheduling(
 
 
 def pod_labels(job: models.AsyncRLJob, role: str) -> dict[str, str]:
-    """Pod labels: the standard set, plus kueue's queue label and a pod-group label for gang schedulers."""
-    out = names.labels(job.metadata.name, role)
-    sched = job.spec.scheduling
-    if sched.queue_name:
-        out[names.QUEUE_NAME] = sched.queue_name
-    if role == names.TRAINER and sched.gang and sched.scheduler_name:
-        out[names.POD_GROUP] = names.trainer(job.metadata.name)
-    return out
+    """Pod labels: the standard set, plus Kueue's and the gang scheduler's (``render.gang``)."""
+    return names.labels(job.metadata.name, role) | gang.pod_labels(job, role)
 
 
 def metrics_port() -> dict[str, Any]:
@@ -146,7 +140,7 @@ def statefulset(
             "template": {
                 "metadata": {
                     "labels": pod_labels(job, role),
-                    "annotations": {names.CONFIG_HASH: config_hash},
+                    "annotations": {names.CONFIG_HASH: config_hash} | gang.pod_annotations(job, role),
                 },
                 "spec": pod_spec,
             },

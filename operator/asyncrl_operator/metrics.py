@@ -1,4 +1,4 @@
-"""The operator's Prometheus metrics (design.md §5) and the HTTP server that exposes them.
+"""The operator's Prometheus metrics (the README's Metrics table) and the HTTP server that exposes them.
 
 Called by ``asyncrl_operator.reconcile`` (timings, errors, phases, restarts) and ``main`` (server).
 Labels are bounded: ``phase`` has 7 values and ``role`` 2; no per-job label (a job-level view comes

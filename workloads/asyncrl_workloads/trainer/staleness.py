@@ -1,7 +1,7 @@
 """Bounded staleness: which consumed trajectories may still be trained on.
 
 Called by trainer/loop.py for every trajectory it pulls, before batching. Staleness of a sample is
-(design.md §4; prime-rl's definition):
+(docs/weight-sync.md, "The data flow around it"; prime-rl's definition):
 
     staleness = trainer version at consumption - oldest policy version that produced any of its tokens
 

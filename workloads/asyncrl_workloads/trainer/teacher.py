@@ -2,8 +2,8 @@
 
 Called by entrypoints/trainer.py (`preflight`, before torch is loaded) and trainer/loop.py (`Teacher.fetch`
 once per step, on the step's chosen batch, and `Teacher.gave_up` after it). Trajectories do not carry
-teacher logprobs on the bus: the trainer asks the teacher for them (design.md, "trainer -> optional teacher
-logprobs on generated tokens"), as prime-rl does.
+teacher logprobs on the bus: the trainer asks the teacher for them (the README's "Judges and teachers"),
+as prime-rl does.
 
 For each trajectory the teacher scores prompt + response in one completions call with prompt logprobs on
 the token ids (vLLM's `prompt_logprobs`, max_tokens 1; endpoints/client.py); position P + t of the answer

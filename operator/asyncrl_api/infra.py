@@ -14,6 +14,11 @@ import pydantic
 from asyncrl_api import base
 
 DEFAULT_NATS_IMAGE = "nats:2.11-alpine"
+METRICS_PORT = 9400
+"""Every pod's /metrics port (config.DEFAULT_METRICS_PORT; a unit test keeps the two equal)."""
+TRAINER_PORTS = {29500: "the trainer's torch master port", METRICS_PORT: "every pod's metrics port"}
+"""Ports trainer rank 0 already listens on (29500 is config.DEFAULT_TORCH_MASTER_PORT): the weight-sync
+store cannot take them."""
 
 
 class QueueSpec(base.APIModel):
@@ -59,6 +64,13 @@ _NATS_RULES = (
         field_path=".storage",
         check=lambda n: n.managed or n.storage is None,
     ),
+    base.Rule(
+        cel="!self.managed || !has(self.credentialsSecret)",
+        message="bus.nats.credentialsSecret is for an external server (bus.nats.url); the managed NATS"
+        " runs without auth inside the job's network policy: leave it unset",
+        field_path=".credentialsSecret",
+        check=lambda n: not n.managed or n.credentials_secret is None,
+    ),
 )
 
 
@@ -73,9 +85,11 @@ class NatsSpec(base.APIModel):
     """External server URL, e.g. nats://nats.infra.svc:4222 (with managed: false)."""
     credentials_secret: str | None = pydantic.Field(default=None, min_length=1, max_length=253)
     """Secret with key `creds` (a NATS .creds file) for an external server."""
-    image: str = pydantic.Field(default=DEFAULT_NATS_IMAGE, min_length=1)
+    image: str = pydantic.Field(
+        default=DEFAULT_NATS_IMAGE, min_length=1, max_length=1024, pattern=r"^[^\s]+$"
+    )
     """Image of the managed NATS server."""
-    storage: str | None = pydantic.Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    storage: str | None = pydantic.Field(default=None, max_length=32, pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
     """Size of a PersistentVolumeClaim for the managed server's JetStream store; unset = emptyDir
     (trajectories in the queue survive NATS restarts only with a claim)."""
 
@@ -92,17 +106,37 @@ class BusSpec(base.APIModel):
     """NATS JetStream settings."""
 
 
+_WEIGHT_SYNC_RULES = (
+    base.Rule(
+        cel=f"!(self.port in {sorted(TRAINER_PORTS)}) && !((self.port + 1) in {sorted(TRAINER_PORTS)})",
+        message="weightSync.port and the port above it (NCCL's own group) may not be "
+        + " or ".join(f"{port} ({what})" for port, what in sorted(TRAINER_PORTS.items())),
+        field_path=".port",
+        check=lambda w: not {w.port, w.port + 1} & set(TRAINER_PORTS),
+    ),
+)
+
+
 class WeightSyncSpec(base.APIModel):
-    """The weight-broadcast group (trainer rank 0 + every rollout engine worker)."""
+    """The weight-broadcast group (trainer rank 0 + every rollout engine worker); how weights travel and
+    reach the engine: docs/weight-sync.md."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_WEIGHT_SYNC_RULES))
 
     backend: Literal["nccl", "gloo"] = "nccl"
-    """Collective backend: nccl for GPUs, gloo for CPU engines."""
-    port: int = pydantic.Field(default=29600, ge=1024, le=65535)
-    """TCPStore rendezvous port on trainer rank 0."""
+    """Collective backend: nccl when both roles have GPUs, gloo when neither has (a job with GPUs on one
+    role only cannot sync weights and is refused)."""
+    port: int = pydantic.Field(default=29600, ge=1024, le=65534)
+    """TCPStore rendezvous port on trainer rank 0 (nccl also uses the port above it)."""
     timeout_seconds: int = pydantic.Field(default=120, ge=1, le=3600)
     """Deadline for every collective: a broadcast never waits longer; late members are dropped."""
     bucket_mb: int = pydantic.Field(default=512, alias="bucketMB", ge=1, le=65536)
     """Size of the flattened buckets weights are broadcast in."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> WeightSyncSpec:
+        base.check_rules(self, _WEIGHT_SYNC_RULES)
+        return self
 
 
 class SchedulingSpec(base.APIModel):

@@ -30,6 +30,9 @@ Mode = Literal["async", "one-step-off", "sync"]
 DEFAULT_MAX_STALENESS: dict[str, int] = {"async": 2, "one-step-off": 1, "sync": 0}
 RESERVED_VOLUME_NAMES = ("asyncrl-config", "dshm", "store")
 RESERVED_MOUNT_PATHS = ("/etc/asyncrl", "/dev/shm")
+BUILTIN_TASKS = ("lookup", "say_char")
+"""The synthetic tasks `data.prompts: builtin:<task>` may name (asyncrl_workloads.tasks.source.BUILTIN_TASKS;
+a unit test keeps the two equal)."""
 
 # Re-exports so callers can say models.RolloutSpec.
 Toleration = roles.Toleration
@@ -122,6 +125,53 @@ _SPEC_RULES = (
         message="rollout.sampling.maxTokens must be below rollout.engine.maxModelLen (room for the prompt)",
         field_path=".rollout.sampling.maxTokens",
         check=lambda s: s.rollout.sampling.max_tokens < s.rollout.engine.max_model_len,
+    ),
+    base.Rule(
+        cel="self.weightSync.backend != 'nccl'"
+        " || (self.rollout.gpusPerReplica > 0 && self.trainer.gpusPerReplica > 0)",
+        message="weightSync.backend nccl needs GPUs on both roles (rollout.gpusPerReplica and"
+        " trainer.gpusPerReplica above 0); a CPU-only job sets both 0 and weightSync.backend gloo",
+        field_path=".weightSync.backend",
+        check=lambda s: (
+            s.weight_sync.backend != "nccl"
+            or (s.rollout.gpus_per_replica > 0 and s.trainer.gpus_per_replica > 0)
+        ),
+    ),
+    base.Rule(
+        cel="self.async.queue.whenFull != 'block' || self.async.queue.maxSize >="
+        " self.trainer.batch.prompts * self.async.requireBatches * self.rollout.sampling.samplesPerPrompt",
+        message="with async.queue.whenFull block, async.queue.maxSize must hold one step's samples"
+        " (trainer.batch.prompts x async.requireBatches x rollout.sampling.samplesPerPrompt): the trainer"
+        " holds them unacked until the step is done, so a smaller queue deadlocks",
+        field_path=".async.queue.maxSize",
+        check=lambda s: (
+            s.async_.queue.when_full != "block"
+            or s.async_.queue.max_size
+            >= s.trainer.batch.prompts * s.async_.require_batches * s.rollout.sampling.n
+        ),
+    ),
+    base.Rule(
+        cel="!self.data.prompts.startsWith('builtin:') || self.data.prompts in "
+        + str([f"builtin:{t}" for t in BUILTIN_TASKS]),
+        message="data.prompts names an unknown builtin task; known: "
+        + ", ".join(f"builtin:{t}" for t in BUILTIN_TASKS),
+        field_path=".data.prompts",
+        check=lambda s: not s.data.prompts.startswith("builtin:") or s.data.prompts[8:] in BUILTIN_TASKS,
+    ),
+    base.Rule(
+        cel="!self.data.prompts.startsWith('builtin:') || self.data.promptKey == 'prompt'",
+        message="data.promptKey must be prompt with a builtin task (its records hold the prompt there)",
+        field_path=".data.promptKey",
+        check=lambda s: not s.data.prompts.startswith("builtin:") or s.data.prompt_key == "prompt",
+    ),
+    base.Rule(
+        cel="!has(self.agent) || !has(self.agent.gateway)"
+        f" || self.agent.gateway.port != {infra.METRICS_PORT}",
+        message=f"agent.gateway.port may not be {infra.METRICS_PORT}: the rollout pods serve /metrics there",
+        field_path=".agent.gateway.port",
+        check=lambda s: (
+            s.agent is None or s.agent.gateway is None or s.agent.gateway.port != infra.METRICS_PORT
+        ),
     ),
 )
 

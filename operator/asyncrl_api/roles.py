@@ -6,56 +6,187 @@ images, scheduling knobs) and by the workloads (engine, sampling, algorithm, opt
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import functools
+import re
+from typing import Annotated, Any, Literal
 
 import pydantic
 
 from asyncrl_api import base
 
-Quantity = int | str
-"""A Kubernetes resource quantity ("4", 4, "16Gi"); rendered as int-or-string in the CRD."""
+QUANTITY = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
+"""A non-negative Kubernetes resource quantity ("4", "0.5", "500m", "16Gi", "1e3")."""
+
+Quantity = (
+    Annotated[int, pydantic.Field(ge=0, le=2**53)]
+    | Annotated[str, pydantic.Field(max_length=64, pattern=QUANTITY)]
+)
+"""A Kubernetes resource quantity (4, "4", "16Gi"); int-or-string in the CRD, the bounds of both
+branches on the one node (each applies to its own type)."""
+
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+"""A Kubernetes label or resource key: an optional DNS-subdomain prefix and a name."""
+LabelKey = Annotated[str, pydantic.Field(min_length=1, max_length=317, pattern=LABEL_KEY)]
+LabelValue = Annotated[
+    str, pydantic.Field(max_length=63, pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+]
+
+IMAGE = r"^[^\s]+$"
+"""A container image reference: no whitespace (the registry checks the rest when the image is pulled)."""
+MAX_IMAGE_LENGTH = 1024
+
+GPU_RESOURCE = "nvidia.com/gpu"
 
 DEFAULT_ROLLOUT_IMAGE = "ghcr.io/asyncrl/rollout:0.1.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/asyncrl/trainer:0.1.0"
 
 
+_TOLERATION_RULES = (
+    # The pod validation's own rules: a StatefulSet with such a toleration never gets a pod.
+    base.Rule(
+        cel="self.operator == 'Exists' || has(self.key)",
+        message="a toleration without key must have operator Exists (it then tolerates every taint)",
+        field_path=".key",
+        check=lambda t: t.operator == "Exists" or t.key is not None,
+    ),
+    base.Rule(
+        cel="self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        message="a toleration with operator Exists matches any value: leave value unset",
+        field_path=".value",
+        check=lambda t: t.operator != "Exists" or not t.value,
+    ),
+    base.Rule(
+        cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        message="tolerationSeconds only applies with effect NoExecute",
+        field_path=".tolerationSeconds",
+        check=lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+    ),
+)
+
+
+def _no_gpus_rule(field: str) -> dict[str, Any]:
+    """CEL for a map of resources: GPUs come from gpusPerReplica (pydantic: ``Resources._no_gpus``)."""
+    return base.cel_extra(
+        base.Rule(
+            cel=f"!('{GPU_RESOURCE}' in self)",
+            message=f"{GPU_RESOURCE} comes from the role's gpusPerReplica, not from resources.{field}",
+        ),
+    )
+
+
 class Toleration(base.APIModel):
     """A pod toleration (same fields as Kubernetes' core/v1 Toleration)."""
 
-    key: str | None = None
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_TOLERATION_RULES))
+
+    key: LabelKey | None = None
     """Taint key the toleration applies to; empty with operator Exists matches every taint."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """Exists matches any value; Equal requires ``value`` to match."""
-    value: str | None = None
+    value: LabelValue | None = None
     """Taint value to match when operator is Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; empty matches all effects."""
-    toleration_seconds: int | None = pydantic.Field(default=None, ge=0)
+    toleration_seconds: int | None = pydantic.Field(default=None, ge=0, le=2**31 - 1)
     """For NoExecute: how long the pod stays bound after the taint appears; unset = forever."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> Toleration:
+        base.check_rules(self, _TOLERATION_RULES)
+        return self
 
 
 class Resources(base.APIModel):
     """Extra container resources on top of the GPUs the role asks for (cpu, memory, ...)."""
 
-    requests: dict[str, Quantity] = pydantic.Field(default_factory=dict)
+    requests: dict[LabelKey, Quantity] = pydantic.Field(
+        default_factory=dict, max_length=32, json_schema_extra=_no_gpus_rule("requests")
+    )
     """Resource requests, e.g. {cpu: 8, memory: 64Gi}. GPUs come from gpusPerReplica, not from here."""
-    limits: dict[str, Quantity] = pydantic.Field(default_factory=dict)
+    limits: dict[LabelKey, Quantity] = pydantic.Field(
+        default_factory=dict, max_length=32, json_schema_extra=_no_gpus_rule("limits")
+    )
     """Resource limits, e.g. {memory: 64Gi}."""
+
+    @pydantic.field_validator("requests", "limits")
+    @classmethod
+    def _no_gpus(cls, value: dict[str, Quantity]) -> dict[str, Quantity]:
+        if GPU_RESOURCE in value:
+            raise ValueError(f"{GPU_RESOURCE} comes from the role's gpusPerReplica, not from resources")
+        return value
+
+
+RESERVED_ENGINE_ARGS: dict[str, str] = {
+    "model": "model.path",
+    "dtype": "model.dtype",
+    "max_model_len": "rollout.engine.maxModelLen",
+    "enforce_eager": "rollout.engine.enforceEager",
+    "gpu_memory_utilization": "rollout.engine.gpuMemoryUtilization",
+    "tensor_parallel_size": "rollout.gpusPerReplica",
+    "seed": "asyncrl's per-replica seeds",
+    "logprobs_mode": "asyncrl's behaviour logprobs",
+    "worker_extension_cls": "asyncrl's weight sync",
+    "weight_transfer_config": "weightSync.backend",
+}
+"""Engine arguments the rollout sets itself (rollout/engine.py), and the spec field each comes from: vLLM's
+AsyncEngineArgs would get them twice and the rollout would crash at start."""
+
+ENGINE_ARG_VALUE_LENGTH = 4096
+
+ENGINE_ARG_NAME = r"^[a-z_][a-z0-9_]{0,63}$"
+
+_RESERVED_ENGINE_ARGS_MESSAGE = "rollout.engine.args may not set what asyncrl sets itself: " + ", ".join(
+    f"{name} (from {source})" for name, source in RESERVED_ENGINE_ARGS.items()
+)
+_ENGINE_ARGS_SCHEMA: dict[str, Any] = {
+    # The apiserver gives CEL no type for a map of untyped values (any rule naming `args` fails to
+    # compile), so the CRD refuses the reserved names with a structural `not` (its message is generic;
+    # the operator's handler and the local runner give _RESERVED_ENGINE_ARGS_MESSAGE) and bounds the
+    # values: maxLength bounds a string, maxProperties/maxItems 0 refuse an object or a list (JSON Schema
+    # applies each to its own type only).
+    "not": {"anyOf": [{"required": [name]} for name in sorted(RESERVED_ENGINE_ARGS)]},
+    "additionalProperties": {
+        "x-kubernetes-preserve-unknown-fields": True,
+        "maxLength": ENGINE_ARG_VALUE_LENGTH,
+        "maxProperties": 0,
+        "maxItems": 0,
+    },
+}
+
+EngineArgValue = Annotated[str, pydantic.Field(max_length=ENGINE_ARG_VALUE_LENGTH)] | int | float | bool
 
 
 class EngineSpec(base.APIModel):
     """The inference engine each rollout replica runs."""
 
     name: Literal["vllm"] = "vllm"
-    """Engine implementation. Only vLLM today (pinned minor version, see docs/vllm-weight-sync)."""
+    """Engine implementation. Only vLLM today (pinned minor version; how weights reach it:
+    docs/weight-sync.md)."""
     max_model_len: int = pydantic.Field(default=8192, ge=16, le=1_048_576)
     """Context length (prompt + response tokens) the engine reserves KV cache for."""
     gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0.0, le=1.0)
     """Fraction of each GPU's memory vLLM may use for weights + KV cache."""
     enforce_eager: bool = False
     """Disable CUDA graphs (slower, but starts faster and uses less memory). Always on for CPU engines."""
-    args: dict[str, str | int | float | bool] = pydantic.Field(default_factory=dict)
-    """Extra vLLM engine arguments by their Python name (e.g. {max_num_seqs: 256}); passed through."""
+    args: dict[str, EngineArgValue] = pydantic.Field(
+        default_factory=dict, max_length=64, json_schema_extra=_ENGINE_ARGS_SCHEMA
+    )
+    """Extra vLLM engine arguments by their Python name (e.g. {max_num_seqs: 256}): numbers, booleans
+    or strings, passed through to vLLM's AsyncEngineArgs (an unknown name fails the rollout at start).
+    Refused because asyncrl sets them itself: model (model.path), dtype (model.dtype), max_model_len,
+    enforce_eager, gpu_memory_utilization (rollout.engine), tensor_parallel_size
+    (rollout.gpusPerReplica), weight_transfer_config (weightSync), seed, logprobs_mode,
+    worker_extension_cls."""
+
+    @pydantic.field_validator("args")
+    @classmethod
+    def _check_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        if set(args) & set(RESERVED_ENGINE_ARGS):
+            raise ValueError(_RESERVED_ENGINE_ARGS_MESSAGE)
+        for name in args:
+            if not re.match(ENGINE_ARG_NAME, name):
+                raise ValueError(f"rollout.engine.args: {name!r} is not a vLLM engine argument name")
+        return args
 
 
 class SamplingSpec(base.APIModel):
@@ -72,15 +203,30 @@ class SamplingSpec(base.APIModel):
     samplesPerPrompt in YAML because kubectl's YAML reader turns an unquoted key `n` into `false`."""
 
 
+_ROLLOUT_RULES = (
+    base.Rule(
+        cel="self.partialRollout || self.kvCacheOnUpdate == 'recompute'",
+        message="kvCacheOnUpdate keep only applies with partialRollout true (without it no request is in"
+        " flight across an update): leave it recompute",
+        field_path=".kvCacheOnUpdate",
+        check=lambda r: r.partial_rollout or r.kv_cache_on_update == "recompute",
+    ),
+)
+
+
 class RolloutSpec(base.APIModel):
     """The rollout role: a StatefulSet of vLLM replicas generating trajectories. Scalable via /scale."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_ROLLOUT_RULES))
 
     replicas: int = pydantic.Field(default=1, ge=0, le=1024)
     """Rollout replicas (one vLLM engine each). The target of `kubectl scale asyncrljob/x --replicas=N`;
     changing it never restarts the trainer. New replicas join weight sync at the next policy version."""
     gpus_per_replica: int = pydantic.Field(default=1, ge=0, le=64)
     """nvidia.com/gpu per rollout pod (= vLLM tensor-parallel size). 0 runs the CPU engine."""
-    image: str = pydantic.Field(default=DEFAULT_ROLLOUT_IMAGE, min_length=1)
+    image: str = pydantic.Field(
+        default=DEFAULT_ROLLOUT_IMAGE, min_length=1, max_length=MAX_IMAGE_LENGTH, pattern=IMAGE
+    )
     """Container image with vLLM and asyncrl's rollout entry point (`asyncrl-rollout`)."""
     engine: EngineSpec = pydantic.Field(default_factory=EngineSpec)
     """Inference engine settings."""
@@ -101,23 +247,29 @@ class RolloutSpec(base.APIModel):
     """Prompts each replica keeps in flight at once (each expands to sampling.n requests)."""
     resources: Resources = pydantic.Field(default_factory=Resources)
     """Extra resources (cpu, memory) per rollout pod."""
-    node_selector: dict[str, str] = pydantic.Field(default_factory=dict)
+    node_selector: dict[LabelKey, LabelValue] = pydantic.Field(default_factory=dict, max_length=64)
     """Node labels rollout pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
     tolerations: list[Toleration] = pydantic.Field(default_factory=list, max_length=32)
     """Tolerations for rollout pods."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> RolloutSpec:
+        base.check_rules(self, _ROLLOUT_RULES)
+        return self
 
 
 class Parallelism(base.APIModel):
     """Model parallelism of the trainer. Data parallelism is derived: dp = total GPUs / (tp*pp*cp)."""
 
     tp: int = pydantic.Field(default=1, ge=1, le=64)
-    """Tensor parallel size (within a node)."""
+    """Tensor parallel size (within a node). Must be 1 today: the fsdp2 backend shards over a 1-D
+    data-parallel mesh."""
     pp: int = pydantic.Field(default=1, ge=1, le=64)
-    """Pipeline parallel size (megatron only)."""
+    """Pipeline parallel size (megatron only; must be 1 today)."""
     cp: int = pydantic.Field(default=1, ge=1, le=64)
-    """Context parallel size."""
+    """Context parallel size. Must be 1 today (see tp)."""
     ep: int = pydantic.Field(default=1, ge=1, le=256)
-    """Expert parallel size for MoE models (megatron only)."""
+    """Expert parallel size for MoE models (megatron only; must be 1 today)."""
 
 
 _ALGORITHM_RULES = (
@@ -186,15 +338,36 @@ class BatchSpec(base.APIModel):
     do not pad every row to the longest. Lower it when a step runs out of accelerator memory."""
 
 
+_CHECKPOINT_RULES = (
+    base.Rule(
+        cel="self.everySteps > 0 || self.keep == 2",
+        message="checkpoint.keep has no effect with everySteps 0 (no checkpoints): leave it unset",
+        field_path=".keep",
+        check=lambda c: c.every_steps > 0 or c.keep == 2,
+    ),
+)
+
+
 class CheckpointSpec(base.APIModel):
     """Trainer checkpoints, used to resume after a gang restart."""
 
-    path: str = pydantic.Field(default="/checkpoints", min_length=1)
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_CHECKPOINT_RULES))
+
+    path: str = pydantic.Field(default="/checkpoints", min_length=1, max_length=4096)
     """Directory for checkpoints (put it on a volume from spec.volumes to survive pod restarts)."""
     every_steps: int = pydantic.Field(default=50, ge=0, le=1_000_000)
     """Save every N steps; 0 disables checkpointing."""
     keep: int = pydantic.Field(default=2, ge=1, le=1000)
     """How many recent checkpoints to keep."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> CheckpointSpec:
+        base.check_rules(self, _CHECKPOINT_RULES)
+        return self
+
+
+def _one_with_fsdp2(axis: str, trainer: Any) -> bool:
+    return bool(trainer.backend != "fsdp2" or getattr(trainer.parallelism, axis) == 1)
 
 
 _TRAINER_RULES = (
@@ -219,8 +392,26 @@ _TRAINER_RULES = (
         ),
     ),
     base.Rule(
+        cel="self.backend != 'megatron'",
+        message="backend megatron is not implemented yet (megatron-core needs CUDA in its forward and"
+        " Python >= 3.12): use fsdp2",
+        field_path=".backend",
+        check=lambda t: t.backend != "megatron",
+    ),
+    *(
+        base.Rule(
+            cel=f"self.backend != 'fsdp2' || self.parallelism.{axis} == 1",
+            message=f"parallelism.{axis} must be 1 with backend fsdp2: it shards over a 1-D data-parallel"
+            f" mesh ({what} parallelism is not implemented yet); dp comes from the GPU count",
+            field_path=f".parallelism.{axis}",
+            check=functools.partial(_one_with_fsdp2, axis),
+        )
+        for axis, what in (("tp", "tensor"), ("cp", "context"))
+    ),
+    base.Rule(
         cel="self.backend == 'megatron' || (self.parallelism.pp == 1 && self.parallelism.ep == 1)",
-        message="pipeline (pp) and expert (ep) parallelism need backend megatron",
+        message="pipeline (pp) and expert (ep) parallelism need backend megatron, which is not"
+        " implemented yet: leave them 1",
         field_path=".parallelism",
         check=lambda t: t.backend == "megatron" or (t.parallelism.pp == 1 and t.parallelism.ep == 1),
     ),
@@ -242,12 +433,15 @@ class TrainerSpec(base.APIModel):
     """Trainer pods (= nodes). They form one gang: if one fails, all are recreated from the checkpoint."""
     gpus_per_replica: int = pydantic.Field(default=8, ge=0, le=64)
     """nvidia.com/gpu per trainer pod (= processes per node). 0 trains on CPU with gloo (one process)."""
-    image: str = pydantic.Field(default=DEFAULT_TRAINER_IMAGE, min_length=1)
+    image: str = pydantic.Field(
+        default=DEFAULT_TRAINER_IMAGE, min_length=1, max_length=MAX_IMAGE_LENGTH, pattern=IMAGE
+    )
     """Container image with torch and asyncrl's trainer entry point (`asyncrl-trainer`)."""
     backend: Annotated[
         Literal["fsdp2", "megatron"], pydantic.Field(json_schema_extra=base.immutable("trainer.backend"))
     ] = "fsdp2"
-    """Training backend: fsdp2 (torch FSDP2) or megatron (megatron-core). Immutable."""
+    """Training backend: fsdp2 (torch FSDP2). megatron (megatron-core) is not implemented yet and is
+    refused. Immutable."""
     parallelism: Parallelism = pydantic.Field(default_factory=Parallelism)
     """Model parallelism; dp is derived."""
     algorithm: AlgorithmSpec = pydantic.Field(default_factory=AlgorithmSpec)
@@ -260,7 +454,7 @@ class TrainerSpec(base.APIModel):
     """Checkpointing."""
     resources: Resources = pydantic.Field(default_factory=Resources)
     """Extra resources (cpu, memory) per trainer pod."""
-    node_selector: dict[str, str] = pydantic.Field(default_factory=dict)
+    node_selector: dict[LabelKey, LabelValue] = pydantic.Field(default_factory=dict, max_length=64)
     """Node labels trainer pods must match."""
     tolerations: list[Toleration] = pydantic.Field(default_factory=list, max_length=32)
     """Tolerations for trainer pods."""

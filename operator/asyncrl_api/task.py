@@ -155,6 +155,13 @@ _JUDGE_RULES = (
         field_path=".score.max",
         check=lambda j: j.score.max > j.score.min,
     ),
+    base.Rule(
+        cel="!has(self.verdicts) || (self.score.min == 0.0 && self.score.max == 10.0)",
+        message="judge.score is not used when judge.verdicts is set (the verdict's value is the reward):"
+        " set one of them",
+        field_path=".score",
+        check=lambda j: j.verdicts is None or (j.score.min == 0.0 and j.score.max == 10.0),
+    ),
 )
 
 

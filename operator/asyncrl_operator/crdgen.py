@@ -26,6 +26,7 @@ from asyncrl_api import models
 OUTPUT = pathlib.Path("crds") / f"{models.GROUP}_{models.PLURAL}.yaml"
 _DROP_KEYS = ("title", "additionalProperties", "$defs")
 _SCALARS = {"string", "integer", "number", "boolean"}
+_INT_OR_STRING_BOUNDS = ("minimum", "maximum", "maxLength", "pattern")
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -75,9 +76,15 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def _key_rule(node: dict[str, Any]) -> None:
-    """A map's key constraints (pydantic's ``propertyNames``, which a structural schema may not hold) as a
-    CEL rule on the map: the apiserver refuses the CRD with ``propertyNames: field not declared``."""
+    """A map's key constraints (pydantic's ``propertyNames``, or ``patternProperties`` for keys with a
+    pattern, which a structural schema may not hold) as a CEL rule on the map: the apiserver refuses the
+    CRD with ``propertyNames: field not declared``."""
     keys = node.pop("propertyNames", None)
+    patterns = node.pop("patternProperties", None)
+    if isinstance(patterns, dict):  # pydantic's form for keys with a pattern: one pattern, the value schema
+        ((pattern, value),) = patterns.items()
+        node["additionalProperties"] = value
+        keys = {**(keys if isinstance(keys, dict) else {}), "pattern": pattern}
     if not isinstance(keys, dict):
         return
     checks, words = [], []
@@ -105,8 +112,12 @@ def _structural(node: dict[str, Any], with_defaults: bool) -> dict[str, Any]:
             node = {**branches[0], **node}
         elif types == {"integer", "string"}:
             node["x-kubernetes-int-or-string"] = True
+            for branch in branches:  # as controller-gen does for resource.Quantity; each applies to one type
+                node.update({k: branch[k] for k in _INT_OR_STRING_BOUNDS if k in branch})
         elif types <= _SCALARS:
             node["x-kubernetes-preserve-unknown-fields"] = True
+            for branch in branches:  # JSON Schema: maxLength bounds a string value and ignores the others
+                node.update({k: branch[k] for k in ("maxLength",) if k in branch})
         else:
             raise ValueError(f"cannot express anyOf {branches} structurally")
     if isinstance(node.get("description"), str):
@@ -117,8 +128,8 @@ def _structural(node: dict[str, Any], with_defaults: bool) -> dict[str, Any]:
         if bound in node and not isinstance(node[bound], bool):
             node[flag] = node.pop(bound)
             node[bound] = True
-    additional = node.get("additionalProperties")
     _key_rule(node)
+    additional = node.get("additionalProperties")
     for key in _DROP_KEYS:
         node.pop(key, None)
     if "default" in node and (node["default"] is None or not with_defaults):

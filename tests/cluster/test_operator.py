@@ -329,7 +329,11 @@ def test_step_not_advancing_sets_stalled(cluster, namespace, operator):
 
 def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace, operator):
     names = [f"crash{i}" for i in range(6)]
-    cpu = {"rollout": {"gpusPerReplica": 0}, "trainer": {"gpusPerReplica": 0}}  # 6 jobs > the nodes' 16 GPUs
+    cpu = {  # 6 jobs > the nodes' 16 GPUs
+        "rollout": {"gpusPerReplica": 0},
+        "trainer": {"gpusPerReplica": 0},
+        "weightSync": {"backend": "gloo"},
+    }
     bodies = [json.dumps(jobs.make_job(n, namespace, **cpu)) for n in names]
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(bodies))
     # SIGKILL as soon as the first child exists: the operator is then inside its first reconciles.

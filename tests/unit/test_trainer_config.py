@@ -122,15 +122,15 @@ def test_a_blocking_queue_smaller_than_one_step_is_refused(tmp_path):
             tmp_path,
             trainer={"batch": {"prompts": 8, "miniBatches": 1}},
             rollout={"sampling": {"n": 4}},
-            **{"async": {"queue": {"maxSize": 31, "whenFull": "block"}}},
+            **{"async": {"queue": {"maxSize": 32, "whenFull": "block"}}},
         )
     )
+    assert main.stream_settings(cfg).max_size == 32
+    cfg.spec.async_.queue.max_size = 31  # admission refuses it (malformed.yaml); the trainer checks again
     with pytest.raises(
         main.StartupError, match=r"^spec.async.queue.maxSize: 31 is below one step's samples \(32"
     ):
         main.stream_settings(cfg)
-    cfg.spec.async_.queue.max_size = 32
-    assert main.stream_settings(cfg).max_size == 32
 
 
 def test_a_taken_weight_sync_port_is_one_clear_error(tmp_path):

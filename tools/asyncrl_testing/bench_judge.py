@@ -133,6 +133,7 @@ def job_config(parts: Parts, job: str, rps: float | None, burst: int) -> config_
                     "sampling": {"n": a.n, "maxTokens": a.max_tokens, "temperature": 1.0},
                     "engine": {"maxModelLen": 256}},
         "trainer": {"replicas": 1, "gpusPerReplica": 0},
+        "weightSync": {"backend": "gloo"},
         "reward": reward,
     })  # fmt: skip
     endpoints = config_mod.Endpoints(

@@ -1,20 +1,22 @@
 """Helper process for test_trainer.py (not a test): one FSDP2 training step on a fixed batch.
 
-    python fsdp_step_worker.py MODEL_DIR OUT_FILE [MICRO_BATCH_TOKENS]
+    python fsdp_step_worker.py MODEL_DIR OUT_FILE [MICRO_BATCH_TOKENS [CHECKPOINT_ROOT]]
                                           (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 
 Every rank builds the FSDP2 backend on the tiny model, takes one step (two optimizer updates) on the
 same deterministic batch and, on rank 0, saves the full weights after the step to OUT_FILE, with
-whether grad was enabled in each forward of the model during the step.
+whether grad was enabled in each forward of the model during the step. With CHECKPOINT_ROOT the ranks
+also write the step's checkpoint there as the trainer does (test_export.py).
 """
 
 from __future__ import annotations
 
+import pathlib
 import sys
 
 import torch
 from asyncrl_workloads.bus import trajectory
-from asyncrl_workloads.trainer import backend, fsdp
+from asyncrl_workloads.trainer import backend, checkpoint, fsdp
 
 
 def batch() -> list[trajectory.Trajectory]:
@@ -57,6 +59,9 @@ def main() -> None:
     weights = {name: t.clone() for name, t in b.full_tensors()}
     if world.is_main:
         torch.save({"weights": weights, "metrics": metrics, "forwards": forwards}, out)
+    if len(sys.argv) > 4:
+        saver = checkpoint.Checkpointer(pathlib.Path(sys.argv[4]), 1, 1, world, model_path=model_dir)
+        saver.save(1, b, {"param_version": 1})
     fsdp.shutdown()
 
 

@@ -2,9 +2,11 @@
 
   asyncrl run examples/tiny-cpu.yaml [--run-dir DIR] [--max-steps N] [--rollout-replicas N] [--timeout S]
   asyncrl plot RUN_DIR [--out DIR]
+  asyncrl export CHECKPOINT OUT [--model DIR] [--dtype auto|bfloat16|float16|float32]
 
 The console script named in pyproject.toml. `run` executes a job locally through `local.runner` (the
-operator's rendered pods as local processes); `plot` renders a run's curves through `local.plot`. Errors
+operator's rendered pods as local processes); `plot` renders a run's curves through `local.plot`;
+`export` writes a trainer checkpoint as a Hugging Face model directory through `trainer.export`. Errors
 a user can fix (a bad job file, a missing model, a port or binary problem) end with one line and a
 non-zero exit code, not a stack trace.
 """
@@ -39,11 +41,39 @@ def _parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="render PNG curves of a run's reward, staleness, throughput")
     plot.add_argument("run_dir", type=pathlib.Path)
     plot.add_argument("--out", type=pathlib.Path, help="output directory (default: the run dir)")
+    export = commands.add_parser(
+        "export", help="write a trainer checkpoint as a Hugging Face model (vLLM serves it)"
+    )
+    export.add_argument(
+        "checkpoint",
+        type=pathlib.Path,
+        help="a step-NNNNNNNN directory, or the checkpoint path (newest step)",
+    )
+    export.add_argument("out", type=pathlib.Path, help="output directory (absent or empty)")
+    export.add_argument(
+        "--model", type=pathlib.Path, help="the job's spec.model.path (default: from the checkpoint)"
+    )
+    export.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
+                        help="weights' dtype (auto: the base model's torch_dtype)")  # fmt: skip
     return parser
+
+
+def _export(args: argparse.Namespace) -> int:
+    from asyncrl_workloads.trainer import export
+
+    try:
+        step = export.export(args.checkpoint, args.out, args.model, args.dtype)
+    except export.ExportError as exc:
+        print(f"asyncrl export: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {step} to {args.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "export":
+        return _export(args)
     if args.command == "plot":
         from asyncrl_workloads.local import plot
 

@@ -236,25 +236,39 @@ class Ledger:
         write_atomic(self.path, json.dumps(body))
 
 
+def step_dirs(root: pathlib.Path) -> list[pathlib.Path]:
+    """The complete step directories under `root`, oldest first (also read by trainer/export.py)."""
+    if not root.is_dir():
+        return []
+    found = [
+        p
+        for p in root.iterdir()
+        if p.name.startswith(_PREFIX) and not p.name.endswith(".tmp") and (p / "meta.json").exists()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
+
+
 class Checkpointer:
-    def __init__(self, root: pathlib.Path, every_steps: int, keep: int, world: fsdp.World) -> None:
+    def __init__(
+        self,
+        root: pathlib.Path,
+        every_steps: int,
+        keep: int,
+        world: fsdp.World,
+        model_path: str | None = None,
+    ) -> None:
         self.root = root
         self.every_steps = every_steps
         self.keep = keep
         self.world = world
+        self.model_path = model_path
+        """Written into each step's meta.json: `asyncrl export` builds the HF model from it."""
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
     def _dirs(self) -> list[pathlib.Path]:
-        if not self.root.is_dir():
-            return []
-        found = [
-            p
-            for p in self.root.iterdir()
-            if p.name.startswith(_PREFIX) and not p.name.endswith(".tmp") and (p / "meta.json").exists()
-        ]
-        return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
+        return step_dirs(self.root)
 
     def latest(self) -> tuple[pathlib.Path, dict[str, Any]] | None:
         dirs = self._dirs()
@@ -275,7 +289,8 @@ class Checkpointer:
         if self.world.size > 1:
             dist.barrier()
         if self.world.is_main:
-            write_atomic(tmp / "meta.json", json.dumps({"step": step, **meta}))
+            extra = {"model_path": self.model_path} if self.model_path is not None else {}
+            write_atomic(tmp / "meta.json", json.dumps({"step": step, **extra, **meta}))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             for old in self._dirs()[: -self.keep]:

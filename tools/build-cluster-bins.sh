@@ -5,6 +5,10 @@
 #   etcd                                                             <- go.etcd.io/etcd/server/v3 (wrapper module)
 #   kwok                                                             <- sigs.k8s.io/kwok/cmd/kwok
 #   helm                                                             <- helm.sh/helm/v3/cmd/helm
+#   kueue (manager + its CRDs and webhook manifests)                 <- sigs.k8s.io/kueue/cmd/kueue
+#   gangcrds: the PodGroup CRDs of scheduler-plugins (shipped in sigs.k8s.io/scheduler-plugins) and of
+#     Volcano (generated from volcano.sh/apis by controller-gen, as Volcano's own Makefile does: the
+#     volcano.sh/volcano module that carries the YAML is not served by the proxy)
 # Usage: tools/build-cluster-bins.sh [component...]   (default: all); prints the bin dir on success.
 set -euo pipefail
 
@@ -12,6 +16,12 @@ K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.21.4}
+KUEUE_VERSION=${KUEUE_VERSION:-v0.17.0}
+# The scheduler-plugins version Kueue v0.17.0's go.mod requires: the proxy serves it (release tags such
+# as v0.35.0 are refused here).
+SCHED_PLUGINS_VERSION=${SCHED_PLUGINS_VERSION:-v0.34.1-devel}
+VOLCANO_APIS_VERSION=${VOLCANO_APIS_VERSION:-v1.14.0}
+CONTROLLER_TOOLS_VERSION=${CONTROLLER_TOOLS_VERSION:-v0.20.0}
 CACHE=${ASYNCRL_CACHE:-$HOME/.cache/asyncrl}
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
@@ -105,7 +115,44 @@ build_helm() {
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
-components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm k8s)
+module_dir() {  # module@version -> its directory in the module cache (downloaded on a miss)
+  go mod download -json "$1" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("Dir") or sys.exit(d.get("Error")))'
+}
+
+build_kueue() {
+  local bin="$CACHE/kueue-$KUEUE_VERSION"
+  [ -x "$bin/kueue" ] && [ -f "$bin/webhook/manifests.yaml" ] && return
+  need_room
+  rm -rf "$bin.tmp"; mkdir -p "$bin.tmp" "$CACHE/src/kueue"; cd "$CACHE/src/kueue"
+  [ -f go.mod ] || go mod init local.invalid/kueuebin >/dev/null 2>&1
+  GOBIN="$bin.tmp" run_logged kueue-install go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  local dir; dir=$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION") || die "kueue: module sigs.k8s.io/kueue@$KUEUE_VERSION not downloadable"
+  cp -r "$dir/config/components/crd/bases" "$bin.tmp/crd"
+  mkdir -p "$bin.tmp/webhook"; cp "$dir/config/components/webhook/manifests.yaml" "$bin.tmp/webhook/"
+  chmod -R u+w "$bin.tmp"; rm -rf "$bin"; mv "$bin.tmp" "$bin"
+}
+
+build_gangcrds() {
+  local out="$CACHE/gang-crds-$SCHED_PLUGINS_VERSION-$VOLCANO_APIS_VERSION"
+  [ -f "$out/scheduling.x-k8s.io_podgroups.yaml" ] && [ -f "$out/scheduling.volcano.sh_podgroups.yaml" ] && return
+  need_room
+  local src="$CACHE/src/gang-crds" gen="$CACHE/controller-gen-$CONTROLLER_TOOLS_VERSION"
+  rm -rf "$out.tmp"; mkdir -p "$src" "$out.tmp"; cd "$src"
+  [ -f go.mod ] || go mod init local.invalid/gangcrds >/dev/null 2>&1
+  local dir; dir=$(module_dir "sigs.k8s.io/scheduler-plugins@$SCHED_PLUGINS_VERSION") \
+    || die "gangcrds: module sigs.k8s.io/scheduler-plugins@$SCHED_PLUGINS_VERSION not downloadable"
+  cp "$dir/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$out.tmp/"
+  [ -x "$gen/controller-gen" ] || GOBIN="$gen" run_logged controller-gen-install \
+    go install -trimpath -ldflags "-s -w" "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION"
+  go mod edit -require="volcano.sh/apis@$VOLCANO_APIS_VERSION"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "volcano.sh/apis/pkg/apis/scheduling/v1beta1"\n' > tools.go
+  run_logged gangcrds-tidy go mod tidy
+  run_logged gangcrds-volcano "$gen/controller-gen" crd:crdVersions=v1,generateEmbeddedObjectMeta=true \
+    paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:artifacts:config="$out.tmp"
+  rm -rf "$out"; mv "$out.tmp" "$out"
+}
+
+components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm k8s gangcrds)
 for c in "${components[@]}"; do
   start=$(date +%s)
   ( "build_$c" ) || exit 1

@@ -66,6 +66,7 @@ def test_volcano_gets_its_pod_group_and_the_group_name_annotation() -> None:
     group = objects[("PodGroup.scheduling.volcano.sh", "demo-trainer")]
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert group["spec"]["minMember"] == 2 and group["spec"]["priorityClassName"] == "high"
+    assert group["spec"]["queue"] == "default"
     trainer = _template(objects, "trainer")
     assert trainer["annotations"]["scheduling.k8s.io/group-name"] == "demo-trainer"
     assert "scheduling.x-k8s.io/pod-group" not in trainer["labels"]

@@ -32,6 +32,8 @@ from asyncrl_operator.render import names
 
 COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
 VOLCANO_SCHEDULER = "volcano"
+VOLCANO_QUEUE = "default"
+"""Volcano's queue for the gang (the one every Volcano install has; its CRD defaults to it too)."""
 COSCHEDULING_GROUP = "scheduling.x-k8s.io"
 VOLCANO_GROUP = "scheduling.volcano.sh"
 COSCHEDULING_API_VERSION = f"{COSCHEDULING_GROUP}/v1alpha1"
@@ -115,8 +117,10 @@ def render_pod_group(job: models.AsyncRLJob) -> dict[str, Any] | None:
     resources = min_resources(job)
     if resources:
         spec["minResources"] = resources
-    if api_version == VOLCANO_API_VERSION and sched.priority_class_name:
-        spec["priorityClassName"] = sched.priority_class_name
+    if api_version == VOLCANO_API_VERSION:
+        spec["queue"] = VOLCANO_QUEUE
+        if sched.priority_class_name:
+            spec["priorityClassName"] = sched.priority_class_name
     return {
         "apiVersion": api_version,
         "kind": POD_GROUP_KIND,

@@ -1,0 +1,48 @@
+"""Where the gang-scheduling parts of the test cluster live: Kueue's manager, CRDs and webhook manifests,
+and the PodGroup CRDs of scheduler-plugins and Volcano.
+
+Called by ``asyncrl_testing.kueue`` and tests/cluster/test_gang*.py. The layout and version keys match
+tools/build-cluster-bins.sh (components ``kueue`` and ``gangcrds``), under the same cache as
+``cluster_bins``; each is built only on a miss. A missing one raises ``cluster_bins.MissingBinaries``
+naming the build command, as the control plane's binaries do.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from asyncrl_testing import cluster_bins
+
+KUEUE_VERSION = os.environ.get("KUEUE_VERSION", "v0.17.0")
+SCHED_PLUGINS_VERSION = os.environ.get("SCHED_PLUGINS_VERSION", "v0.34.1-devel")
+VOLCANO_APIS_VERSION = os.environ.get("VOLCANO_APIS_VERSION", "v1.14.0")
+
+COSCHEDULING_CRD = "scheduling.x-k8s.io_podgroups.yaml"
+VOLCANO_CRD = "scheduling.volcano.sh_podgroups.yaml"
+
+
+def _missing(what: pathlib.Path, component: str) -> cluster_bins.MissingBinaries:
+    return cluster_bins.MissingBinaries(
+        f"{what} is missing. Build it with: {cluster_bins.BUILD_COMMAND} {component}"
+    )
+
+
+def kueue_dir() -> pathlib.Path:
+    """``kueue`` (the manager), ``crd/`` (its CRDs) and ``webhook/manifests.yaml``."""
+    path = cluster_bins.cache_dir() / f"kueue-{KUEUE_VERSION}"
+    for need in (path / "kueue", path / "webhook" / "manifests.yaml", path / "crd"):
+        if not need.exists():
+            raise _missing(need, "kueue")
+    return path
+
+
+def pod_group_crds() -> dict[str, pathlib.Path]:
+    """PodGroup CRD files by API group: scheduler-plugins' (as its module ships it) and Volcano's
+    (generated from volcano.sh/apis as Volcano's Makefile does)."""
+    path = cluster_bins.cache_dir() / f"gang-crds-{SCHED_PLUGINS_VERSION}-{VOLCANO_APIS_VERSION}"
+    out = {"scheduling.x-k8s.io": path / COSCHEDULING_CRD, "scheduling.volcano.sh": path / VOLCANO_CRD}
+    for need in out.values():
+        if not need.is_file():
+            raise _missing(need, "gangcrds")
+    return out

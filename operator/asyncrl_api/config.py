@@ -34,6 +34,14 @@ JUDGE_API_KEY_ENV = "ASYNCRL_JUDGE_API_KEY"
 the variable of the same name through from its own environment)."""
 TEACHER_API_KEY_ENV = "ASYNCRL_TEACHER_API_KEY"
 """Env var of a teacher job's trainer pods: teacher.endpoint's API key (secretKeyRef, like the judge's)."""
+NATS_CREDS_ENV = "ASYNCRL_NATS_CREDS"
+"""Env var of the rollout and trainer pods of a job with bus.nats.credentialsSecret: the path of the mounted
+NATS ``.creds`` file (`NATS_CREDS_PATH`); every NATS connection presents it. A local run passes the
+variable through from its own environment (a path on the host)."""
+NATS_CREDS_DIR = "/etc/asyncrl-nats"
+NATS_CREDS_KEY = "creds"
+"""The Secret's key holding the ``.creds`` file (bus.nats.credentialsSecret)."""
+NATS_CREDS_PATH = f"{NATS_CREDS_DIR}/{NATS_CREDS_KEY}"
 GATEWAY_PORT_ENV = "ASYNCRL_GATEWAY_PORT"
 """Overrides spec.agent.gateway.port: the local runner gives each replica on one host its own port."""
 

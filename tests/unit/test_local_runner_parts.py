@@ -544,3 +544,11 @@ def test_a_pod_with_cpus_starts_on_them_and_its_children_inherit_them(tmp_path):
     supervisor.start_all()
     assert _wait_for(lambda: supervisor.children["p-rollout-0"].poll() is not None)
     assert out.read_text().split() == ["Cpus_allowed_list:", str(core)]
+
+
+def test_the_nats_creds_path_is_the_runners_own_file_when_it_has_one():
+    container = {"env": [{"name": config.NATS_CREDS_ENV, "value": config.NATS_CREDS_PATH}]}
+    here = {config.NATS_CREDS_ENV: "/home/me/user.creds"}
+    assert pods.container_env(container, "p-0", "ns", 0, {}, environ=here) == here
+    unset = pods.container_env(container, "p-0", "ns", 0, {}, environ={})
+    assert unset == {config.NATS_CREDS_ENV: config.NATS_CREDS_PATH}

@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncrl_api import config, models, roles, status
 
-from asyncrl_operator.render import gang, names
+from asyncrl_operator.render import gang, names, secrets
 
 GPU = "nvidia.com/gpu"
 TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
@@ -59,23 +59,25 @@ def resources(gpus: int, extra: roles.Resources) -> dict[str, Any]:
 
 
 def volumes(job: models.AsyncRLJob) -> list[dict[str, Any]]:
-    """The config ConfigMap, a memory-backed /dev/shm (NCCL, vLLM) and the user's claims."""
+    """The config ConfigMap, a memory-backed /dev/shm (NCCL, vLLM), the user's claims and the NATS
+    ``.creds`` Secret (bus.nats.credentialsSecret)."""
     out: list[dict[str, Any]] = [
         {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(job.metadata.name)}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
     ]
     out += [{"name": v.name, "persistentVolumeClaim": {"claimName": v.claim_name}} for v in job.spec.volumes]
-    return out
+    return out + secrets.nats_volumes(job)
 
 
 def volume_mounts(job: models.AsyncRLJob) -> list[dict[str, Any]]:
-    """Mounts matching ``volumes``: the config at /etc/asyncrl (read-only), /dev/shm, the user's claims."""
+    """Mounts matching ``volumes``: the config at /etc/asyncrl (read-only), /dev/shm, the user's claims,
+    the NATS ``.creds`` file at /etc/asyncrl-nats/creds (read-only)."""
     out: list[dict[str, Any]] = [
         {"name": CONFIG_VOLUME, "mountPath": config.MOUNT_DIR, "readOnly": True},
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
     out += [{"name": v.name, "mountPath": v.mount_path, "readOnly": v.read_only} for v in job.spec.volumes]
-    return out
+    return out + secrets.nats_volume_mounts(job)
 
 
 def tolerations(items: list[roles.Toleration]) -> list[dict[str, Any]]:

@@ -12,9 +12,11 @@ idempotent, so whichever starts first creates the stream). Stream per job (`subj
 - file storage; every publish carries `Nats-Msg-Id: <trajectory id>` so a retried publish inside the
   duplicate window is stored once.
 
-Both sides connect with `connect`, which rides through a NATS restart or outage: the client reconnects
-without limit, a publish nobody answered is sent again with the same `Nats-Msg-Id` (stored once: the
-first attempt may have gone through), a fetch returns nothing, acks wait in the client's buffer.
+Both sides connect with `connect` (through `bus.access`, which adds the job's credentials and words the
+errors), which rides through a NATS restart or outage: the client reconnects without limit, a publish
+nobody answered is sent again with the same `Nats-Msg-Id` (stored once: the first attempt may have gone
+through), a fetch returns nothing, acks wait in the client's buffer. A server that refuses the
+credentials at the first connect ends it at once (`Refused`): no retry can change its answer.
 
 The consumer is a durable pull consumer. On open it is deleted and re-created, which makes the server
 deliver every message still in the stream at once - including those a crashed trainer had pulled but
@@ -58,9 +60,26 @@ NO_ANSWER = (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStrea
 restarting (nats-py's TimeoutError and FlushTimeoutError are TimeoutErrors)."""
 
 
-async def connect(url: str, **options: Any) -> nats.aio.client.Client:
+class Refused(Exception):
+    """The server refused the client's credentials, or asked for some it did not get (its own words)."""
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The server's words if ``exc`` is an authentication refusal (nats-py raises a plain ``Error`` with
+    the server's -ERR text at connect, ``AuthorizationError`` once connected), else None."""
+    if isinstance(exc, nats.errors.AuthorizationError):
+        return "Authorization Violation"
+    text = str(exc) if isinstance(exc, nats.errors.Error) else ""
+    lowered = text.lower()
+    if "authorization violation" in lowered or "authentication" in lowered:
+        return text.removeprefix("nats: ").strip().strip("'")
+    return None
+
+
+async def connect(url: str, credentials: str | None = None, **options: Any) -> nats.aio.client.Client:
     """Connect to the job's bus; after that, stay connected through a NATS restart or outage.
-    ``options`` (nats-py's) override the settings below.
+    ``credentials``: a NATS ``.creds`` file presented on every (re)connect. ``options`` (nats-py's)
+    override the settings below.
 
     The first connect fails after `FIRST_CONNECT_ATTEMPTS` more tries (the callers turn that into
     one clear line). Later the client reconnects every `RECONNECT_WAIT_S` without limit, logging
@@ -70,9 +89,14 @@ async def connect(url: str, **options: Any) -> nats.aio.client.Client:
     real nats-server stopped for 6-10 s: a publish raises nats' TimeoutError after 5 s (and its
     message is sent after the reconnect), a fetch returns nothing, an ack waits in the client's
     buffer, stream info times out.
+
+    A refusal of the credentials at the first connect raises `Refused` at once (the client closed);
+    later, while reconnecting, it is logged once per outage and the client keeps trying (a server
+    restarted before its resolver has the account refuses for a while, then lets the client in).
     """
     lost_at: list[float] = []
     made: list[nats.aio.client.Client] = []  # the callbacks also run during the first connect
+    refused_warned: list[bool] = []
 
     async def disconnected() -> None:
         if made and made[0].is_closed:  # our own close (nats-py calls this then too)
@@ -82,9 +106,17 @@ async def connect(url: str, **options: Any) -> nats.aio.client.Client:
 
     async def reconnected() -> None:
         away = time.monotonic() - lost_at[0] if lost_at else 0.0
+        refused_warned.clear()
         log.warning("bus: reconnected to %s after %.1f s", url, away)
 
     async def error(exc: Exception) -> None:
+        refused = refusal(exc)
+        if refused is not None and not made:  # the first connect: nats-py raises this out of connect
+            raise Refused(refused)
+        if refused is not None and not refused_warned:
+            refused_warned.append(True)
+            log.warning("bus: %s refused the credentials: %s; trying again", url, refused)
+            return
         # the server going away (EOF, reset) and every refused attempt until it is back: the
         # disconnected/reconnected lines say it once
         if isinstance(exc, nats.errors.UnexpectedEOF | ConnectionError) or not (
@@ -106,7 +138,14 @@ async def connect(url: str, **options: Any) -> nats.aio.client.Client:
         "reconnected_cb": reconnected,
         "error_cb": error,
     }
-    nc = await nats.connect(url, **{**settings, **options})
+    if credentials is not None:
+        settings["user_credentials"] = credentials
+    nc = nats.aio.client.Client()
+    try:
+        await nc.connect(url, **{**settings, **options})
+    except Refused:
+        await nc.close()
+        raise
     nc.options["max_reconnect_attempts"] = -1  # from now on: read at every reconnect (nats-py 2.16)
     made.append(nc)
     return nc

@@ -1,7 +1,8 @@
 """`asyncrl-trainer --config /etc/asyncrl/job.json`: the trainer pod's command (torchrun-compatible).
 
 Parses and checks the rendered config before importing torch, so a bad config fails in a second with one
-line on stderr and exit code 2; a startup failure (NATS unreachable, ...) exits 1 with one line. A job with
+line on stderr and exit code 2; a startup failure (NATS unreachable or refusing the job's credentials,
+...) exits 1 with one line. A job with
 spec.teacher: rank 0 checks the teacher first (prompt logprobs, trainer/teacher.py); a failed check, or a
 teacher that fails for giveUpAfterSeconds while training, exits 3 with the classified line on stderr and
 in the termination message (the operator's EndpointsReady condition).
@@ -12,6 +13,7 @@ or the operator's StatefulSet), ASYNCRL_METRICS_PORT, ASYNCRL_PROGRESS_FILE, ASY
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import sys
@@ -53,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             return _fail(1, f"endpoints.natsUrl: cannot reach NATS at {cfg.endpoints.nats_url}: {why}")
         refused = _check_teacher(cfg)
+        if refused is None:
+            refused = _check_bus(cfg)
         if refused is not None:
             return refused
     common.setup_logging("%(asctime)s trainer %(levelname)s %(name)s: %(message)s")
@@ -66,6 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     except teacher.GaveUp as exc:
         return _fail(ENDPOINT_EXIT_CODE, str(exc))
     return 0
+
+
+def _check_bus(cfg: config_mod.JobConfig) -> int | None:
+    """Rank 0 connects once with the job's NATS credentials (bus/access.py) before torch loads, so a
+    refused or unreadable ``.creds`` file fails in a second; the exit code when it does."""
+    from asyncrl_workloads.bus import access  # nats-py only
+
+    async def probe() -> None:
+        nc = await access.connect(cfg)
+        await nc.close()
+
+    try:
+        asyncio.run(probe())
+    except access.Failed as exc:
+        return _fail(1, str(exc))
+    return None
 
 
 def _check_teacher(cfg: config_mod.JobConfig) -> int | None:

@@ -97,12 +97,15 @@ def start(
     log_path: pathlib.Path | None = None,
     port: int | None = None,
     timeout: float = READY_TIMEOUT_S,
+    config_file: pathlib.Path | None = None,
 ) -> NatsServer:
     """Start nats-server with JetStream and wait until it is healthy.
 
     `store_dir`: the JetStream store (`-sd`); a temporary directory, removed on stop, when None.
     `log_path`: the server's log; inside the store's parent temp dir when None.
     `port`: the client port; a free one when None (and then retried on a bind race).
+    `config_file`: a server config (`-c`) for what flags cannot say, e.g. the operator-mode auth of the
+    credentials tests (asyncrl_testing.natsauth); the flags above win over it.
     """
     binary = find_binary()
     owns_store = store_dir is None
@@ -127,6 +130,8 @@ def start(
             "-n",
             f"asyncrl-{client_port}",
         ]
+        if config_file is not None:
+            argv[1:1] = ["-c", str(config_file)]
         child = process.Child("nats-server", argv, log)
         server = NatsServer(child, client_port, monitor_port, store, owns_store)
         try:

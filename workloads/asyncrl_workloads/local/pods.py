@@ -17,6 +17,8 @@ references in the command expanded from that env. Local differences, all explici
 - an endpoint's API key (the judge's on rollouts, the teacher's on trainers: a `secretKeyRef` env var named
   in `ENDPOINT_KEY_ENVS`) is the runner's own variable of that name, or left unset when it has none (the
   endpoint then gets no key; one that wants a key answers 401 and the message names the Secret);
+- the NATS ``.creds`` path of bus.nats.credentialsSecret (`config.NATS_CREDS_ENV`, the Secret's mount in
+  a pod) is the runner's own variable of that name, a file on this host, when it has one;
 - a bare console-script name (asyncrl-trainer) resolves to the running interpreter's scripts dir.
 """
 
@@ -141,14 +143,16 @@ def container_env(
 ) -> dict[str, str]:
     """The container's env as the kubelet resolves it (in order; later entries may use earlier ones).
     `secrets`: (Secret name, key) -> value, the Secrets this local run has; `environ`: the runner's own
-    environment, where an endpoint's API key (`ENDPOINT_KEY_ENVS`) comes from."""
+    environment, where an endpoint's API key (`ENDPOINT_KEY_ENVS`) and the NATS creds path come from."""
     env: dict[str, str] = {}
     secrets = secrets or {}
     environ = environ or {}
     for item in container.get("env", []):
         source = item.get("valueFrom", {})
         secret = source.get("secretKeyRef", {})
-        if "value" in item:
+        if item["name"] == config.NATS_CREDS_ENV and item["name"] in environ:
+            env[item["name"]] = environ[item["name"]]
+        elif "value" in item:
             env[item["name"]] = expand_vars(str(item["value"]), env)
         elif "fieldRef" in source:
             path = source["fieldRef"]["fieldPath"]

@@ -19,12 +19,10 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import nats
-import nats.errors
 from asyncrl_api import config as config_mod
 
 from asyncrl_workloads import metrics as metrics_mod
-from asyncrl_workloads.bus import jetstream
+from asyncrl_workloads.bus import access, jetstream
 from asyncrl_workloads.endpoints import errors as errors_mod
 from asyncrl_workloads.endpoints import runner as runner_mod
 from asyncrl_workloads.episode import chat as chat_mod
@@ -214,13 +212,12 @@ def gateway_settings(
     )
 
 
-async def _connect(url: str) -> Any:
+async def _connect(cfg: config_mod.JobConfig) -> Any:
+    """The job's bus with its credentials (bus/access.py words every failure in one line)."""
     try:
-        return await jetstream.connect(url)
-    except (OSError, nats.errors.Error, TimeoutError) as exc:
-        raise StartupError(
-            f"endpoints.natsUrl: cannot reach NATS at {url}: {exc or type(exc).__name__}"
-        ) from exc
+        return await access.connect(cfg)
+    except access.Failed as exc:
+        raise StartupError(str(exc)) from exc
 
 
 async def _run(
@@ -303,7 +300,7 @@ async def _generate(
     spec = cfg.spec
     tokenizer, formatter, parts, bound = checked.tokenizer, checked.formatter, checked.parts, checked.bound
     gateway_key, gateway_sock = checked.gateway_key, checked.gateway_sock
-    nc = await _connect(cfg.endpoints.nats_url)
+    nc = await _connect(cfg)
     engine = None
     try:
         js = nc.jetstream()

@@ -18,12 +18,10 @@ import pathlib
 import signal
 from typing import Any
 
-import nats
-import nats.errors
 from asyncrl_api import config as config_mod
 
 from asyncrl_workloads import metrics as metrics_mod
-from asyncrl_workloads.bus import jetstream, subjects
+from asyncrl_workloads.bus import access, jetstream, subjects
 from asyncrl_workloads.endpoints import settings as endpoint_settings
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import batcher as batcher_mod
@@ -103,13 +101,12 @@ def make_sender(cfg: config_mod.JobConfig) -> Any:
     return nccl.NcclWeightSender(cfg)
 
 
-async def _connect(url: str) -> Any:
+async def _connect(cfg: config_mod.JobConfig) -> Any:
+    """The job's bus with its credentials (bus/access.py words every failure in one line)."""
     try:
-        return await jetstream.connect(url)
-    except (OSError, nats.errors.Error, TimeoutError) as exc:
-        raise StartupError(
-            f"endpoints.natsUrl: cannot reach NATS at {url}: {exc or type(exc).__name__}"
-        ) from exc
+        return await access.connect(cfg)
+    except access.Failed as exc:
+        raise StartupError(str(exc)) from exc
 
 
 async def _lead(
@@ -123,7 +120,7 @@ async def _lead(
     bound: metrics_mod.Bound,
 ) -> None:
     spec = cfg.spec
-    nc = await _connect(cfg.endpoints.nats_url)
+    nc = await _connect(cfg)
     sender = None
     teacher = None
     try:

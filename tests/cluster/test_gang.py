@@ -26,13 +26,9 @@ GROUPS = {COSCHEDULING: "podgroups.scheduling.x-k8s.io", "volcano": "podgroups.s
 def operator(
     cluster: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_proc.OperatorProcess]:
-    for path in gang_bins.pod_group_crds().values():
-        cluster.kubectl("apply", "--server-side", "-f", str(path))
-    for crd in GROUPS.values():
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    gang_bins.install_pod_group_crds(cluster)
     with operator_proc.running(cluster, tmp_path_factory.mktemp("operator"), resync_seconds=3.0) as op:
         yield op
-    cluster.kubectl("delete", "crd", *GROUPS.values(), "--wait=false")
 
 
 def job_body(namespace: str, scheduler: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
-from asyncrl_testing import cluster_wait, jobs
+from asyncrl_testing import cluster_wait, gang_bins, jobs
 
 pytestmark = pytest.mark.cluster
 
@@ -349,8 +349,9 @@ def rule_checks(role: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_can_i_yes_for_every_verb_the_operator_uses(
-    kubectl: Any, rbac_release: dict[str, Any], namespace: str
+    cluster: Any, kubectl: Any, rbac_release: dict[str, Any], namespace: str
 ) -> None:
+    gang_bins.install_pod_group_crds(cluster)  # can-i resolves podgroups.<group> only while it is served
     checks = rule_checks(rbac_release)
     assert len(checks) >= 20
     denied = [(verb, res) for verb, res in checks if can_i(kubectl, verb, res, "-n", namespace) != "yes"]

@@ -1,7 +1,8 @@
 """Where the gang-scheduling parts of the test cluster live: Kueue's manager, CRDs and webhook manifests,
 and the PodGroup CRDs of scheduler-plugins and Volcano.
 
-Called by ``asyncrl_testing.kueue`` and tests/cluster/test_gang*.py. The layout and version keys match
+Called by ``asyncrl_testing.kueue``, tests/cluster/test_gang*.py and test_helm_rbac.py (``kubectl auth
+can-i`` resolves podgroups.<group> only while the CRD is served). The layout and version keys match
 tools/build-cluster-bins.sh (components ``kueue`` and ``gangcrds``), under the same cache as
 ``cluster_bins``; each is built only on a miss. A missing one raises ``cluster_bins.MissingBinaries``
 naming the build command, as the control plane's binaries do.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Any
 
 from asyncrl_testing import cluster_bins
 
@@ -46,3 +48,13 @@ def pod_group_crds() -> dict[str, pathlib.Path]:
         if not need.is_file():
             raise _missing(need, "gangcrds")
     return out
+
+
+def install_pod_group_crds(c: Any) -> None:
+    """Apply both PodGroup CRDs (server-side, idempotent) to cluster ``c`` and wait until they are served.
+    They stay installed: other modules' tests may rely on them."""
+    crds = pod_group_crds()
+    for path in crds.values():
+        c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    for group in crds:
+        c.kubectl("wait", "--for=condition=Established", f"crd/podgroups.{group}", "--timeout=60s")

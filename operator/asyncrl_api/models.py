@@ -121,6 +121,13 @@ _SPEC_RULES = (
         check=lambda s: s.agent is None or s.data.format == "chat",
     ),
     base.Rule(
+        cel="!has(self.data.validation) || !has(self.agent) || self.agent.loop != 'gateway'",
+        message="data.validation is not run with agent.loop gateway (the user's agent drives every episode);"
+        " leave data.validation unset",
+        field_path=".data.validation",
+        check=lambda s: s.data.validation is None or s.agent is None or s.agent.loop != "gateway",
+    ),
+    base.Rule(
         cel="self.rollout.sampling.maxTokens < self.rollout.engine.maxModelLen",
         message="rollout.sampling.maxTokens must be below rollout.engine.maxModelLen (room for the prompt)",
         field_path=".rollout.sampling.maxTokens",

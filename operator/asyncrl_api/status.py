@@ -80,6 +80,26 @@ class Staleness(base.APIModel):
     """Largest staleness consumed (never above the job's maxStaleness)."""
 
 
+class ValidationProgress(base.APIModel):
+    """The latest validation run (spec.data.validation): rollout replica 0 generated the whole set at
+    temperature 0 under one policy version and scored it with the job's reward."""
+
+    step: int = pydantic.Field(default=0, ge=0)
+    """Trainer step the scored weights were made after (0: the initial weights)."""
+    param_version: int = pydantic.Field(default=0, ge=0)
+    """Policy version the set was generated with."""
+    reward_mean: float | None = None
+    """Mean reward over the scored samples (None when none could be scored)."""
+    samples: int = pydantic.Field(default=0, ge=0)
+    """Records generated (one sample each)."""
+    failed: int = pydantic.Field(default=0, ge=0)
+    """Records whose reward failed (left out of the mean)."""
+    seconds: float = pydantic.Field(default=0.0, ge=0.0)
+    """How long generating and scoring the set took."""
+    time: str | None = pydantic.Field(default=None, max_length=64)
+    """RFC 3339 time the run finished."""
+
+
 class Progress(base.APIModel):
     """Training progress, reported by trainer rank 0 (throttled, see spec.progress)."""
 
@@ -101,6 +121,8 @@ class Progress(base.APIModel):
     """Mean reward of the last step's samples."""
     last_update_time: str | None = None
     """RFC 3339 time of this report."""
+    validation: ValidationProgress | None = None
+    """The latest validation run (highest step), when spec.data.validation is set."""
 
 
 class Restarts(base.APIModel):

@@ -69,14 +69,46 @@ class ModelSpec(base.APIModel):
     """If set and model.path holds no model yet, create a tiny model there (tests, local runs)."""
 
 
+DEFAULT_VALIDATE_EVERY_STEPS = 10
+"""How often the validation set is scored when data.validation is set and data.validateEverySteps is not."""
+
+_DATA_RULES = (
+    base.Rule(
+        cel="!has(self.validateEverySteps) || has(self.validation)",
+        message="data.validateEverySteps needs data.validation (the set it scores); set both or neither",
+        field_path=".validateEverySteps",
+        check=lambda d: d.validate_every_steps is None or d.validation is not None,
+    ),
+    base.Rule(
+        cel="!has(self.validation) || !self.validation.startsWith('builtin:')"
+        " || self.validation == self.prompts",
+        message="data.validation builtin:<task> must be data.prompts' own task (the job's reward scores"
+        " both); give a JSONL file for another set",
+        field_path=".validation",
+        check=lambda d: (
+            d.validation is None or not d.validation.startswith("builtin:") or d.validation == d.prompts
+        ),
+    ),
+)
+
+
 class DataSpec(base.APIModel):
-    """Prompts the rollouts generate from."""
+    """Prompts the rollouts generate from, and an optional validation set."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_DATA_RULES))
 
     prompts: str = pydantic.Field(min_length=1, max_length=4096)
     """A JSONL file of records (one prompt each), or `builtin:<task>` for a synthetic task shipped
     with asyncrl (its reward comes with it)."""
     validation: str | None = pydantic.Field(default=None, min_length=1, max_length=4096)
-    """Optional JSONL file (or `builtin:<task>`) the trainer evaluates on."""
+    """Optional validation set, read like data.prompts (a JSONL file, or `builtin:<task>` naming the
+    prompts' own task). Rollout replica 0 generates every record once at temperature 0 under the
+    initial weights and then under each policy version whose trainer step crosses a multiple of
+    validateEverySteps, scores the answers with the job's reward, and reports the mean
+    (`asyncrl_validation_reward`, status.progress.validation, the generations as JSONL)."""
+    validate_every_steps: int | None = pydantic.Field(default=None, ge=1, le=1_000_000)
+    """Trainer steps between validation runs (default 10 when data.validation is set); needs
+    data.validation."""
     prompt_key: str = pydantic.Field(default="prompt", min_length=1, max_length=256)
     """Record field holding the prompt: a string (one user message) or, with format chat, a list of
     `{role, content}` messages. The whole record is passed to the reward function."""
@@ -84,6 +116,17 @@ class DataSpec(base.APIModel):
     """chat: prompts are rendered with the model's chat template (`tokenizer.apply_chat_template`, with
     the tool schemas when spec.agent is set); a model without a template is refused at rollout start.
     raw: the prompt string is tokenized as it is (base models without a chat template)."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> DataSpec:
+        base.check_rules(self, _DATA_RULES)
+        return self
+
+    def validation_every(self) -> int | None:
+        """Steps between validation runs; None when the job has no validation set."""
+        if self.validation is None:
+            return None
+        return self.validate_every_steps or DEFAULT_VALIDATE_EVERY_STEPS
 
 
 class SecretKeyRef(base.APIModel):

@@ -325,3 +325,27 @@ def test_a_stamp_that_cannot_be_put_back_makes_the_engine_unusable() -> None:
     with pytest.raises(base.EngineUnusable, match="stamp not restored"):
         asyncio.run(engine.apply_prefetched(PLAN))
     assert engine.version == 0
+
+
+@pytest.mark.parametrize(
+    ("overlapped", "order"),
+    [
+        (True, "ready roster prefetch received ack validated pause apply resume"),
+        (False, "validated pause ready roster update resume received ack"),
+    ],
+    ids=["gloo-overlapped", "serial"],
+)
+def test_a_validation_run_in_progress_ends_before_the_pause_even_with_partial_rollout(
+    overlapped: bool, order: str
+) -> None:
+    """Every validation answer comes from one version; with gloo the weights are received and acked
+    meanwhile (the trainer is not held), only the reload waits."""
+    round_ = Round(f"hold-{overlapped}", overlapped, partial_rollout=True)
+
+    async def validation_ends() -> None:
+        await asyncio.sleep(0.02)
+        round_.events.append("validated")
+
+    round_.updater.hold = validation_ends
+    assert round_.run() is not None
+    assert round_.events == order.split()

@@ -143,6 +143,18 @@ TEACHER_KL = _gauge(
     "asyncrl_teacher_kl",
     "Mean per-token reverse KL to the teacher (log pi_theta - log pi_teacher) of the last step's tokens.",
 )
+VALIDATION_REWARD = _gauge(
+    "asyncrl_validation_reward",
+    "Mean reward of the last validation run (spec.data.validation, temperature 0; rollout replica 0).",
+)
+VALIDATION_STEP = _gauge("asyncrl_validation_step", "Trainer step of the weights the last validation scored.")
+VALIDATION_VERSION = _gauge(
+    "asyncrl_validation_param_version", "Policy version the last validation run generated with."
+)
+VALIDATION_SAMPLES = _gauge("asyncrl_validation_samples", "Samples (records) of the last validation run.")
+VALIDATION_SECONDS = _gauge(
+    "asyncrl_validation_seconds", "Time the last validation run took to generate and score its set."
+)
 PREEMPTED = _counter("asyncrl_preempted", "In-flight requests interrupted by a weight update.")
 PUBLISH_BLOCKED_SECONDS = _counter(
     "asyncrl_bus_publish_blocked_seconds", "Time publishers backed off on a full queue (whenFull: block)."
@@ -206,6 +218,18 @@ class Bound:
         self.endpoint_ratelimit_wait = {
             e: ENDPOINT_RATELIMIT_WAIT_SECONDS.labels(*values, e) for e in ENDPOINT_NAMES
         }
+
+    def record_validation(
+        self, step: int, version: int, reward_mean: float | None, samples: int, seconds: float
+    ) -> None:
+        """The ``asyncrl_validation_*`` gauges, created by the first run: a process that runs no
+        validation exports none of them. A run with no scored sample sets the reward to NaN."""
+        v = self._values
+        VALIDATION_REWARD.labels(*v).set(float("nan") if reward_mean is None else reward_mean)
+        VALIDATION_STEP.labels(*v).set(step)
+        VALIDATION_VERSION.labels(*v).set(version)
+        VALIDATION_SAMPLES.labels(*v).set(samples)
+        VALIDATION_SECONDS.labels(*v).set(seconds)
 
     def endpoint_requests_by(self, endpoint: str, code: str) -> prometheus_client.Counter:
         """Bounded: ``endpoint`` is judge or teacher; ``code`` an HTTP status or an error class name."""

@@ -1,7 +1,9 @@
 """Versioned wire codec for bus messages, defined once and imported by both sides.
 
 The rollout publisher calls `encode_trajectory`; the trainer consumer calls `decode_trajectory`; the
-trainer announces versions with `encode_announcement` and rollouts read them with `decode_announcement`.
+trainer announces versions with `encode_announcement` and rollouts read them with `decode_announcement`;
+rollout replica 0 sends validation runs with `encode_validation` and the trainer reads them with
+`decode_validation`.
 
 Every message starts with `b"ARL"` and a u8 wire version. Two versions exist:
 
@@ -9,9 +11,9 @@ Every message starts with `b"ARL"` and a u8 wire version. Two versions exist:
   (1 = trajectory), 3 pad bytes, int32 replica, group_size, sample_index, float64 reward, created_at,
   u32 byte lengths of id, job, group_id, u32 element counts of the five arrays; then id, job and
   group_id as UTF-8; then the arrays.
-- version 1 (announcements; trajectories written before): `u32 header length + header + arrays`, the
-  header UTF-8 JSON `{"kind": ..., scalars..., "lengths": {array: n}}`. Still read for trajectories,
-  so a trainer reads what an older rollout left in a durable stream.
+- version 1 (announcements, validation messages; trajectories written before): `u32 header length +
+  header + arrays`, the header UTF-8 JSON `{"kind": ..., scalars..., "lengths": {array: n}}`. Still
+  read for trajectories, so a trainer reads what an older rollout left in a durable stream.
 
 The arrays follow in a fixed order as raw little-endian bytes - token ids and versions int32, mask
 uint8, behaviour logprobs float32 (the engine computes them in fp32, so this round-trips exactly).
@@ -214,3 +216,29 @@ def decode_announcement(data: bytes) -> dict[str, Any]:
         "step": int(header["step"]),
         "created_at": float(header["created_at"]),
     }
+
+
+VALIDATION_PARTS = ("sample", "result")
+"""A validation run is sent as one `sample` message per generated record, then one `result`."""
+
+
+def encode_validation(part: str, body: dict[str, Any]) -> bytes:
+    """Rollout replica 0 -> trainer rank 0: one part of a validation run (rollout/validation.py says
+    what each holds). Version 1 (JSON header, no arrays): a few per validation run."""
+    if part not in VALIDATION_PARTS:
+        raise CodecError(f"part: {part!r} is not one of {VALIDATION_PARTS}")
+    return _frame({**body, "kind": "validation", "part": part})
+
+
+def decode_validation(data: bytes) -> tuple[str, dict[str, Any]]:
+    """(part, body) of a validation message; CodecError for anything else."""
+    if _version(data) != 1:
+        raise CodecError("v: unsupported wire version for a validation message (this reader knows 1)")
+    header, body = _unframe(data, "validation")
+    if len(body):
+        raise CodecError(f"arrays: {len(body)} trailing bytes")
+    part = header.pop("part", None)
+    if part not in VALIDATION_PARTS:
+        raise CodecError(f"part: {part!r} is not one of {VALIDATION_PARTS}")
+    del header["kind"]
+    return part, header

@@ -1,4 +1,5 @@
-"""NATS names for one AsyncRLJob: the trajectory stream and subject, and the weight-announce subject.
+"""NATS names for one AsyncRLJob: the trajectory stream and subject, the weight-announce subject and the
+validation subject.
 
 Called by the rollout publisher, the trainer consumer (bus/jetstream.py), the weight-sync announce path
 and the local runner. Kubernetes names are DNS labels/subdomains (lowercase alphanumerics, '-' and '.'),
@@ -37,3 +38,9 @@ def trajectory_subject(namespace: str, job: str) -> str:
 def weights_subject(namespace: str, job: str) -> str:
     """Core-NATS subject on which trainer rank 0 announces each new policy version."""
     return f"asyncrl.{sanitize(namespace)}.{sanitize(job)}.weights"
+
+
+def validation_subject(namespace: str, job: str) -> str:
+    """Core-NATS subject on which rollout replica 0 sends validation runs (spec.data.validation) to
+    trainer rank 0: `asyncrl.<ns>.<job>.validation`."""
+    return f"asyncrl.{sanitize(namespace)}.{sanitize(job)}.validation"

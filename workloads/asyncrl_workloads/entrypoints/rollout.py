@@ -46,8 +46,13 @@ def main(argv: list[str] | None = None) -> int:
             spec.data.prompts, spec.data.prompt_key, chat=spec.data.format == "chat"
         )
         tools = tools_mod.load_tools(spec.agent.tools) if spec.agent is not None else {}
+        validation = []  # replica 0 runs the validation set (rollout/validation.py)
+        if spec.data.validation is not None and replica == 0:
+            validation = source.load_prompts(
+                spec.data.validation, spec.data.prompt_key, "spec.data.validation", spec.data.format == "chat"
+            )
         if spec.agent is not None:
-            tools_mod.check_record_tools(records, tools)
+            tools_mod.check_record_tools([*records, *validation], tools)
     except (loader.RewardLoadError, source.PromptSourceError, tools_mod.ToolLoadError) as exc:
         return _fail(2, str(exc))
     common.setup_logging(f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s")
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl_workloads.rollout import main as rollout_main  # heavy: vLLM, torch
 
     try:
-        rollout_main.run(cfg, replica, reward_fn, records, tools)
+        rollout_main.run(cfg, replica, reward_fn, records, tools, validation)
     except rollout_main.StartupError as exc:
         return _fail(exc.code, str(exc))
     except errors.EndpointError as exc:  # the judge failed for giveUpAfterSeconds

@@ -1,4 +1,5 @@
-"""`asyncrl plot RUN_DIR`: PNG curves of a local run's reward, staleness and throughput.
+"""`asyncrl plot RUN_DIR`: PNG curves of a local run's reward (with the validation set's, when the job has
+one), staleness and throughput.
 
 Called by `asyncrl_workloads.cli`. Reads the run dir's metrics.jsonl (written by `runner`, one record
 per poll, fields from `progress.Tracker.record`) and writes reward.png, staleness.png, throughput.png and
@@ -44,7 +45,8 @@ STEP_FIELDS = ("reward", "stalenessMean", "stalenessMax")
 
 
 def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
-    """(xs, ys) of the records that have both fields (step fields only where the poll saw new steps)."""
+    """(xs, ys) of the records that have both fields (step fields only where the poll saw new steps; a
+    validation run, repeated in every poll until the next, once)."""
     points = [
         (r[x], r[y])
         for r in records
@@ -52,6 +54,8 @@ def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float],
         and r.get(y) is not None
         and (y not in STEP_FIELDS or r.get("stepsThisPoll", 1) > 0)
     ]
+    if x == "validationStep":
+        points = sorted(dict(points).items())
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -62,7 +66,11 @@ def _panels(records: list[dict[str, Any]]) -> list[tuple[str, str, str, list[tup
             "reward",
             "Reward",
             "trainer step",
-            [("step", "reward", "trainer batch mean"), ("step", "rolloutReward", "rollouts (window mean)")],
+            [
+                ("step", "reward", "trainer batch mean"),
+                ("step", "rolloutReward", "rollouts (window mean)"),
+                ("validationStep", "validationReward", "validation set (temperature 0)"),
+            ],
         ),
         (
             "staleness",

@@ -7,7 +7,9 @@ Called by `runner` every poll interval; `plot` reads the records back. Sources:
   job with an agent loop its tool calls and finished episodes (series a rollout creates only once it
   counted one, so a job without `spec.agent` shows nothing of them);
 - the trainer's step log (ASYNCRL_STEP_LOG, one JSON object per optimizer step, written by
-  trainer/loop.py): the batch's mean reward and every consumed sample's staleness.
+  trainer/loop.py): the batch's mean reward and every consumed sample's staleness;
+- with spec.data.validation, rollout replica 0's `asyncrl_validation_*` gauges: the last validation
+  run's mean reward and the trainer step of the weights it scored.
 Rates are counter increases over a sliding window (10 s) divided by its length; counters of a
 process that restarted or exited are carried (`Counters`), so totals never go backwards.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import pathlib
 import time
 import urllib.request
@@ -37,6 +40,13 @@ SUMMED = (
     "asyncrl_tool_calls_total",  # summed over tool and outcome
     "asyncrl_agent_episodes_total",  # summed over how they ended
 )
+
+
+VALIDATION_GAUGES = {
+    "asyncrl_validation_reward": "validationReward",
+    "asyncrl_validation_step": "validationStep",
+}
+"""Validation gauges (one process exports them) and their record fields."""
 
 
 def scrape(port: int, timeout: float = 1.0) -> str | None:
@@ -61,6 +71,8 @@ def parse(text: str) -> tuple[dict[str, float], dict[str, float]]:
                 gauges["step"] = max(gauges.get("step", 0.0), value)
             elif name == "asyncrl_queue_depth":
                 gauges["queueDepth"] = max(gauges.get("queueDepth", 0.0), value)
+            elif name in VALIDATION_GAUGES:
+                gauges[VALIDATION_GAUGES[name]] = value
             elif name == "asyncrl_param_version":
                 key = "paramVersion" if labels.get("role") == "trainer" else "rolloutVersionMin"
                 pick = max if key == "paramVersion" else min
@@ -136,6 +148,17 @@ class Tracker:
         self.last_reward: float | None = None
         self.last_step = 0  # carried while the trainer is down (restarting, or finished and gone)
         self.last_version: int | None = None
+        self.last_validation: dict[str, Any] = {}
+
+    def _validation(self, gauges: Mapping[str, float]) -> dict[str, Any]:
+        """The last validation run's fields, carried while replica 0 does not answer; none before the
+        first run (a job without spec.data.validation never has them)."""
+        if "validationStep" in gauges:
+            self.last_validation = {
+                "validationStep": int(gauges["validationStep"]),
+                "validationReward": _finite(gauges.get("validationReward")),
+            }
+        return dict(self.last_validation)
 
     def record(self, texts: Mapping[str, str | None], steps: list[dict[str, Any]]) -> dict[str, Any]:
         """`texts`: pod -> its /metrics text (None when it did not answer); `steps`: new step-log rows."""
@@ -198,6 +221,7 @@ class Tracker:
             "stalenessMean": _mean(staleness),
             "stalenessMax": max(staleness) if staleness else None,
             "queueDepth": int(gauges["queueDepth"]) if "queueDepth" in gauges else None,
+            **self._validation(gauges),
             "samplesPerSecond": round(rate("asyncrl_trajectories_consumed_total"), 4),
             "producedPerSecond": round(rate("asyncrl_trajectories_produced_total"), 4),
             "tokensPerSecond": round(rate("asyncrl_tokens_generated_total"), 2),
@@ -211,18 +235,26 @@ class Tracker:
         }
 
 
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 def line(entry: Mapping[str, Any]) -> str:
-    """One human line: step, version, reward, staleness, queue depth, throughput, tool calls per episode
-    (a job with an agent loop only), processes up."""
+    """One human line: step, version, reward (and `val <reward>@<step>`, the last validation run, for a job
+    with spec.data.validation), staleness, queue depth, throughput, tool calls per episode (a job with an
+    agent loop only), processes up."""
     steps = f"{entry['step']}/{entry['maxSteps']}" if entry.get("maxSteps") else str(entry["step"])
     agent = f"  {_fmt(entry['toolCallsPerEpisode'], '.2f')} tool calls/ep" if "agentEpisodes" in entry else ""
+    val = ""
+    if "validationStep" in entry:
+        val = f"  val {_fmt(entry['validationReward'], '.3f')}@{entry['validationStep']}"
     return (
         f"[{entry['elapsed']:7.1f}s] step {steps}  v{_fmt(entry.get('paramVersion'), 'd')}"
-        f"  reward {_fmt(entry.get('reward'), '.3f')}"
+        f"  reward {_fmt(entry.get('reward'), '.3f')}{val}"
         f"  staleness {_fmt(entry.get('stalenessMean'), '.2f')}"
         f" (max {_fmt(entry.get('stalenessMax'), '.0f')})"
         f"  queue {_fmt(entry.get('queueDepth'), 'd')}"

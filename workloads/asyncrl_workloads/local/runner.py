@@ -10,8 +10,10 @@ controller would), live progress and a clean stop.
 Run directory layout: job.yaml (the job as run), rendered.yaml (render's output), job.json (the config
 with local endpoints), pods.json (argv/env of every process), logs/<pod>.log, nats/ (JetStream store),
 steps.jsonl (trainer step log), progress.json (trainer progress report), metrics.jsonl (one record per
-poll, see `progress`), checkpoints/ (unless --keep-checkpoint-path), summary.json; for a gateway job also
-gateway.json (mode 0600: the replicas' URLs and the admin key, also printed at start; see `gateway`).
+poll, see `progress`), validation.jsonl (with spec.data.validation: every validation sample, written by
+the trainer, see trainer/validation.py), checkpoints/ (unless --keep-checkpoint-path), summary.json; for
+a gateway job also gateway.json (mode 0600: the replicas' URLs and the admin key, also printed at start;
+see `gateway`).
 
 Local deviations from the job as written, all deliberate: trainer.checkpoint.path moves into the run
 dir (so a new run starts fresh and re-running the same --run-dir resumes), --max-steps and
@@ -256,6 +258,7 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
             **os.environ,
             "ASYNCRL_STEP_LOG": str(run_dir / "steps.jsonl"),
             "ASYNCRL_PROGRESS_FILE": str(run_dir / "progress.json"),
+            "ASYNCRL_VALIDATION_LOG": str(run_dir / "validation.jsonl"),
         }
         supervisor = Supervisor(local_pods, base_env, run_dir / "logs", out.say)
         supervisor.start_all()

@@ -35,6 +35,7 @@ from asyncrl_workloads.rewards import loader
 from asyncrl_workloads.rewards import scorer as scorer_mod
 from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import planwatch
+from asyncrl_workloads.rollout import validation as validation_mod
 from asyncrl_workloads.rollout import worker as worker_mod
 from asyncrl_workloads.weightsync import replica as replica_mod
 
@@ -122,10 +123,12 @@ def run(
     reward_fn: loader.RewardFn | None,
     records: Sequence[Mapping[str, Any]],
     tools: Mapping[str, tools_mod.Tool] | None = None,
+    validation: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    """Run the replica until SIGTERM. ``reward_fn``: the job's rule function (None: a judge alone).
+    """Run the replica until SIGTERM. ``reward_fn``: the job's rule function (None: a judge alone);
+    ``validation``: spec.data.validation's records on the replica that runs them (rollout/validation.py).
     StartupError: a check failed before generating; EndpointError: the judge gave up while running."""
-    asyncio.run(_run(cfg, replica, reward_fn, records, tools or {}))
+    asyncio.run(_run(cfg, replica, reward_fn, records, tools or {}, validation))
 
 
 def prompt_format(cfg: config_mod.JobConfig, tokenizer: Any) -> chat_mod.ChatFormat | chat_mod.RawFormat:
@@ -226,6 +229,7 @@ async def _run(
     reward_fn: loader.RewardFn | None,
     records: Sequence[Mapping[str, Any]],
     tools: Mapping[str, tools_mod.Tool],
+    validation: Sequence[Mapping[str, Any]],
 ) -> None:
     spec = cfg.spec
     if spec.model.create is not None:
@@ -244,7 +248,7 @@ async def _run(
     scorer, judge_runner = await reward_parts(cfg, reward_fn, bound, records)
     checked = Checked(tokenizer, formatter, parts, gateway_key, gateway_sock, scorer, bound)
     try:
-        await _generate(cfg, replica, checked, records, tools)
+        await _generate(cfg, replica, checked, records, tools, validation)
     finally:
         if judge_runner is not None:
             if scorer.judge is not None:
@@ -296,6 +300,7 @@ async def _generate(
     checked: Checked,
     records: Sequence[Mapping[str, Any]],
     tools: Mapping[str, tools_mod.Tool],
+    validation: Sequence[Mapping[str, Any]],
 ) -> None:
     spec = cfg.spec
     tokenizer, formatter, parts, bound = checked.tokenizer, checked.formatter, checked.parts, checked.bound
@@ -329,10 +334,17 @@ async def _generate(
             cfg.endpoints.trainer_host, cfg.endpoints.weight_sync_port, replica,
             ranks=max(1, spec.rollout.gpus_per_replica),
         )  # fmt: skip
+        validator = None
+        if validation:  # replica 0 of a job with spec.data.validation
+            validator = await validation_mod.start(
+                cfg, nc, engine, formatter, parts, tools, settings.max_model_len, validation,
+                checked.scorer, bound,
+            )  # fmt: skip
         worker = worker_mod.RolloutWorker(
             worker_settings(cfg, replica), engine, link, publisher.publish, checked.scorer, records,
             lambda text: list(tokenizer(text)["input_ids"]), bound,
             prompt_ids=formatter.prompt_ids, agent=agent,
+            validator=validator,
         )  # fmt: skip
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,6 +14,9 @@ NCCL, or gloo without overlap: [``partialRollout: false``: drain] -> pause -> re
 update (receive, load, stamp the version) -> resume -> [gloo: wait for the checksum the workers
 compute after the load] -> ack. The whole transfer happens inside the pause; hashing does not.
 
+Before the drain (and so before any pause) the round waits for a validation run in progress
+(``hold``, rollout/validation.py), so that run's answers all come from one version.
+
 Drain: admission closes and the round waits until the in-flight groups have finished under the old
 weights. With ``partialRollout: true`` there is no drain: in-flight requests are frozen by the pause
 and continue under the new weights (their tokens then carry several versions).
@@ -39,7 +42,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.rollout import admission as admission_mod
@@ -63,11 +66,14 @@ class Updater:
         partial_rollout: bool,
         poll_s: float,
         clock: Callable[[], float] = time.monotonic,
+        hold: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.engine, self.link, self.m, self.admission = engine, link, metrics, admission
         self.inflight = inflight
         """The worker's in-flight groups (its live set, not a copy)."""
         self.partial_rollout, self.poll_s, self.clock = partial_rollout, poll_s, clock
+        self.hold = hold
+        """Awaited before the drain: the replica's validation run, which must end under the old weights."""
 
     async def apply(self, plan: base.Plan) -> dict[str, float] | None:
         """Run one round for ``plan``; returns its record (times in seconds) once the version is
@@ -162,7 +168,10 @@ class Updater:
         return False
 
     async def _drain(self) -> None:
-        """partialRollout false: stop admitting and let in-flight groups finish under the old weights."""
+        """partialRollout false: stop admitting and let in-flight groups finish under the old weights
+        (a validation run in progress ends first, whatever partialRollout says)."""
+        if self.hold is not None:
+            await self.hold()
         if self.partial_rollout:
             return
         self.admission.close()

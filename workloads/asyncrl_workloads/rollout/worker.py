@@ -46,6 +46,7 @@ from asyncrl_workloads.rollout import engine as engine_mod
 from asyncrl_workloads.rollout import group as group_mod
 from asyncrl_workloads.rollout import planwatch
 from asyncrl_workloads.rollout import update as update_mod
+from asyncrl_workloads.rollout import validation as validation_mod
 from asyncrl_workloads.weightsync import base, replica
 
 log = logging.getLogger(__name__)
@@ -101,12 +102,14 @@ class RolloutWorker:
         *,
         prompt_ids: PromptIds | None = None,
         agent: loop_mod.ToolLoop | None = None,
+        validator: validation_mod.Validator | None = None,
     ) -> None:
         """``encode`` tokenizes a raw prompt string; ``prompt_ids`` (the job's data.format), when given,
-        renders a record instead; ``agent`` runs each sample as a multi-turn episode."""
+        renders a record instead; ``agent`` runs each sample as a multi-turn episode; ``validator``
+        (replica 0 of a job with spec.data.validation) is told of every version the engine loads."""
         self.s, self.engine, self.link, self.publish = settings, engine, link, publish
         self.scorer, self.records, self.encode, self.m = scorer, records, encode, metrics
-        self.prompt_ids, self.agent = prompt_ids, agent
+        self.prompt_ids, self.agent, self.validator = prompt_ids, agent, validator
         self.stats = Stats()
         self.incarnation = link.incarnation if link else "local"
         self._rng = random.Random(settings.seed * 1000003 + settings.replica)
@@ -287,6 +290,7 @@ class RolloutWorker:
         updater = update_mod.Updater(
             self.engine, link, self.m, self.admission, self._inflight,
             partial_rollout=self.s.partial_rollout, poll_s=self.s.poll_s,
+            hold=self.validator.wait if self.validator is not None else None,
         )  # fmt: skip
         watcher = planwatch.PlanWatcher(link, self.s.poll_s)
         try:
@@ -354,6 +358,8 @@ class RolloutWorker:
                     else:
                         if record is not None:
                             self.stats.updates.append(record)
+                            if self.validator is not None:
+                                self.validator.loaded(self.engine.version)
                 else:
                     paused = self.admission.left_out(plan, self.engine.version)
                     log.info(
@@ -367,6 +373,8 @@ class RolloutWorker:
         """Generate and follow the trainer until ``stop`` is set or the engine fails. ``serve`` (the
         gateway) replaces the worker's own generation loop: groups then start through ``start_group``."""
         self.m.param_version.set(self.engine.version)
+        if self.validator is not None:
+            self.validator.loaded(self.engine.version)
         generation = asyncio.create_task(serve(stop) if serve is not None else self._generation(stop))
         control = asyncio.create_task(self._control(stop)) if self.link is not None else None
         if control is not None:
@@ -384,6 +392,8 @@ class RolloutWorker:
             if control is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await control
+            if self.validator is not None:
+                await self.validator.close()
         if self.failure is not None:
             raise self.failure
 

@@ -46,6 +46,7 @@ from asyncrl_workloads.bus import codec, jetstream
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress, steplog
 from asyncrl_workloads.trainer import teacher as teacher_mod
+from asyncrl_workloads.trainer import validation as validation_mod
 from asyncrl_workloads.weightsync import checksum
 
 log = logging.getLogger(__name__)
@@ -128,13 +129,14 @@ class Leader:
         metrics: metrics_mod.Bound,
         reporter: progress.Reporter,
         teacher: teacher_mod.Teacher | None = None,
+        validation: validation_mod.ValidationLog | None = None,
     ) -> None:
         self.settings, self.world, self.backend = settings, world, backend
         self.checkpointer, self.intake, self.nc = checkpointer, intake, nc
         self.announce_subject, self.sender = announce_subject, sender
         self.metrics = metrics
         self.teacher = teacher
-        self.steplog = steplog.StepLog(settings.step_log, intake, metrics, reporter)
+        self.steplog = steplog.StepLog(settings.step_log, intake, metrics, reporter, validation)
 
     async def _bcast(self, message: tuple[str, Any]) -> None:
         if self.world.size > 1:

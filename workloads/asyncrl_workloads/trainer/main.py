@@ -27,6 +27,7 @@ from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import batcher as batcher_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, loop, loss, progress, staleness
 from asyncrl_workloads.trainer import teacher as teacher_mod
+from asyncrl_workloads.trainer import validation as validation_mod
 
 log = logging.getLogger(__name__)
 STEP_LOG_ENV = "ASYNCRL_STEP_LOG"
@@ -153,6 +154,10 @@ async def _lead(
         reporter = progress.Reporter(
             progress.sink_from_env(cfg.namespace, cfg.name), spec.progress.report_interval_seconds
         )
+        validation = None
+        if spec.data.validation is not None:  # rollout replica 0 runs it; results come here
+            validation = validation_mod.ValidationLog(validation_mod.log_path(spec.trainer.checkpoint.path))
+            await validation.subscribe(nc, subjects.validation_subject(cfg.namespace, cfg.name))
         leader = loop.Leader(
             settings,
             world,
@@ -165,6 +170,7 @@ async def _lead(
             bound,
             reporter,
             teacher,
+            validation,
         )
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

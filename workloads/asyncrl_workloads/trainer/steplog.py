@@ -12,9 +12,9 @@ step's samples (in batch order), ``counters`` (see ``counters``), ``sync`` (the 
 when the step did not sync) and, when catch-up rounds ran since the previous step, ``catch_up`` (their
 sync reports).
 
-The progress report is the job's ``status.progress`` (trainer/progress.py throttles and writes it)
-with local extras: the last step's mean reward, samples per second since this process started and
-the counters.
+The progress report is the job's ``status.progress`` (trainer/progress.py throttles and writes it;
+``validation``, the latest validation run, comes from trainer/validation.py) with local extras: the
+last step's mean reward, samples per second since this process started and the counters.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import nats.js.errors
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
 from asyncrl_workloads.trainer import inbox, progress
+from asyncrl_workloads.trainer import validation as validation_mod
 
 
 class StepLog:
@@ -42,8 +43,10 @@ class StepLog:
         intake: inbox.Inbox,
         metrics: metrics_mod.Bound,
         reporter: progress.Reporter,
+        validation: validation_mod.ValidationLog | None = None,
     ) -> None:
         self.path, self.intake, self.metrics, self.reporter = path, intake, metrics, reporter
+        self.validation = validation
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
         led = intake.ledger
         self.queue_full_reported = led.queue_full_earlier + led.queue_full_current
@@ -171,6 +174,8 @@ class StepLog:
             body["stepTime"] = progress.rfc3339(step_time)
         if last_sync_time is not None:
             body["lastSyncTime"] = progress.rfc3339(last_sync_time)
+        if self.validation is not None and self.validation.latest is not None:
+            body["validation"] = self.validation.latest
         elapsed = max(time.monotonic() - self.started, 1e-9)
         extras = {
             "reward": step_metrics.get("reward_mean"),

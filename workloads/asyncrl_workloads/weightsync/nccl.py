@@ -20,6 +20,15 @@ flow is the gloo path's (``weightsync/base.py``); only the transport differs:
 - Deadlines: NCCL collectives cannot be cancelled from Python, so every NCCL call runs in a
   thread the caller waits on until the deadline; past it the communicator is abandoned (leaked,
   never reused), the round fails like a gloo timeout and the next round forms a new generation.
+
+Why the trainer imports vLLM rather than speaking NCCL itself with torch: the receiver is vLLM's
+(packed buckets of ``packed_buffer_size_bytes``, its pynccl communicator over a StatelessProcessGroup
+rendezvous, names/dtypes/shapes in the update request), and that protocol is vLLM's internal detail
+(its trainer-side API changed between 0.32 and 0.33, images/rollout/Dockerfile). Running vLLM's own
+trainer-side engine keeps both ends in lockstep by construction; a torch-only copy would have to track
+vLLM's pynccl and packing by hand. So the trainer image is built on the rollout's vLLM image
+(images/trainer/Dockerfile; tests/unit/test_images.py checks that it installs every module the
+trainer can import and that the vLLM pins agree).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ async def connect(url: str, credentials: str | None = None, **options: Any) -> n
     refused_warned: list[bool] = []
 
     async def disconnected() -> None:
-        if made and made[0].is_closed:  # our own close (nats-py calls this then too)
+        if not made or made[0].is_closed:  # a first connect that failed, or our own close
             return
         lost_at[:] = [time.monotonic()]
         log.warning("bus: lost the connection to %s; reconnecting every %g s", url, RECONNECT_WAIT_S)

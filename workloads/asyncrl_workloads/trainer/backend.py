@@ -16,8 +16,10 @@ One step (GRPO/PPO over a step's groups, as in PPO's "old policy" scheme):
      bad batch cannot poison the weights every rollout then receives.
 With spec.teacher each micro-batch's loss also gets loss.teacher_kl_loss on the teacher logprobs the
 batch carries (rank 0 fetched them, trainer/teacher.py); its token-weighted mean is `teacher_kl`.
-Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM) in float32,
-log_softmax(logits / temperature), matching what the rollout engine sampled from.
+Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM),
+log_softmax(logits / temperature) in float32, matching what the rollout engine sampled from. The model
+runs in spec.model.dtype on GPU over float32 master weights, in float32 on CPU (trainer/precision.py);
+float16 gradients get dynamic loss scaling.
 """
 
 from __future__ import annotations
@@ -25,14 +27,18 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed.fsdp.sharded_grad_scaler
 
 from asyncrl_workloads.bus import trajectory as trajectory_mod
-from asyncrl_workloads.trainer import fsdp, loss
+from asyncrl_workloads.trainer import fsdp, loss, precision
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +60,11 @@ class TrainSettings:
     seed: int = 0
     teacher_kl_coef: float | None = None
     """spec.teacher.klCoef; None when the job has no teacher (then no distillation term)."""
+    dtype: str = "float32"
+    """spec.model.dtype: what the model computes in on GPU (precision.choose; float32 on CPU)."""
+    rollout_gpus: int = 0
+    """spec.rollout.gpusPerReplica: 0 means CPU engines, which hold float32 weights; weight sync sends
+    the engines' dtype (precision.engine_dtype)."""
 
 
 class TrainerBackend(abc.ABC):
@@ -71,7 +82,8 @@ class TrainerBackend(abc.ABC):
 
     @abc.abstractmethod
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights under Hugging Face names, for weight sync. Collective: all ranks iterate fully."""
+        """Full weights under Hugging Face names, for weight sync, in the rollout engines' dtype.
+        Collective: all ranks iterate fully."""
 
     @abc.abstractmethod
     def state(self) -> dict[str, Any]:
@@ -123,9 +135,23 @@ class FSDP2Backend(TrainerBackend):
         """Per sample of the last step (this rank's share): mean |log pi_trainer - log pi_engine| before
         the update. For samples of the trainer's current version this is ~0 iff the rollout engine holds
         exactly the trainer's weights (the loop logs it as fresh_logprob_gap)."""
+        model_dtype = precision.config_dtype(settings.model_path)
+        self.precision = precision.choose(settings.dtype, world.device.type, model_dtype)
+        self.sync_dtype = precision.engine_dtype(settings.dtype, settings.rollout_gpus, model_dtype)
+        if world.is_main and self.precision.note:
+            log.info("%s", self.precision.note)
+        elif world.is_main:
+            log.info(
+                "training in %s on float32 master weights (float32 gradient reduction); weight sync sends %s",
+                self.precision.compute, self.sync_dtype,
+            )  # fmt: skip
+        # float32 master weights: FSDP2's shards keep the loaded dtype; the policy casts for compute
         model = transformers.AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
         model.to(world.device)
-        self.model = fsdp.shard(model, world)
+        self.model = fsdp.shard(model, world, self.precision.policy)
+        self.scaler = torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler(
+            device=world.device.type, enabled=self.precision.loss_scaling
+        )  # float16 only; disabled it passes every call through. All ranks share found-inf (all-reduced).
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
         )
@@ -228,7 +254,7 @@ class FSDP2Backend(TrainerBackend):
                     part = part + kl_part
                     metrics.update(kl_metrics)
                 # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum
-                (part * self.world.size).backward()  # type: ignore[no-untyped-call]
+                self.scaler.scale(part * self.world.size).backward()  # type: ignore[no-untyped-call]
                 value += float(part.detach())
                 tokens = float(mask.sum())
                 with torch.no_grad():
@@ -238,10 +264,12 @@ class FSDP2Backend(TrainerBackend):
                 for key, val in metrics.items():
                     weighted[key] = weighted.get(key, 0.0) + val * tokens
                 local_tokens += tokens
+            self.scaler.unscale_(self.optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
             norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             if math.isfinite(norm):  # the same global norm on every rank: all skip or all step
-                self.optimizer.step()
+                self.scaler.step(self.optimizer)
+            self.scaler.update()  # float16: a skipped update halves the loss scale
             self.optimizer.zero_grad(set_to_none=True)
             chunk_metrics = {key: val / max(local_tokens, 1.0) for key, val in weighted.items()}
             chunk_metrics["skipped_updates"] = 0.0 if math.isfinite(norm) else float(len(chunks))
@@ -262,13 +290,16 @@ class FSDP2Backend(TrainerBackend):
     # --- weights and state ----------------------------------------------------------------------
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return fsdp.full_tensors(self.model)
+        return fsdp.full_tensors(self.model, self.sync_dtype)
 
     def state(self) -> dict[str, Any]:
         import torch.distributed.checkpoint.state_dict as dcp_state
 
         model_sd, optim_sd = dcp_state.get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd, "scheduler": self.scheduler.state_dict()}
+        state = {"model": model_sd, "optim": optim_sd, "scheduler": self.scheduler.state_dict()}
+        if self.precision.loss_scaling:  # float16's loss scale (a disabled scaler has no state)
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint.state_dict as dcp_state
@@ -277,6 +308,8 @@ class FSDP2Backend(TrainerBackend):
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
         self.scheduler.load_state_dict(state["scheduler"])
+        if "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
 
 
 class MegatronBackend(TrainerBackend):

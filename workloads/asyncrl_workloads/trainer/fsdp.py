@@ -7,7 +7,8 @@ path (DTensor parameters, collectives) runs in a plain `asyncrl-trainer` process
 The weight-sync group (weightsync/) is a separate group and never touches this one.
 
 FSDP2 (`torch.distributed.fsdp.fully_shard`) shards every decoder layer, then the root module (embeddings,
-final norm, lm head). The NCCL path is the same code with device "cuda"; it is only exercised on GPUs.
+final norm, lm head), each with the mixed-precision policy trainer/precision.py chose (None: float32).
+The NCCL path is the same code with device "cuda"; it is only exercised on GPUs.
 """
 
 from __future__ import annotations
@@ -62,18 +63,29 @@ def init_world(timeout_s: float = 1800.0) -> World:
     return World(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
-def shard(model: torch.nn.Module, world: World) -> torch.nn.Module:
-    """Apply FSDP2 in place: each decoder layer is one unit, the rest of the model is the root unit."""
+def shard(
+    model: torch.nn.Module,
+    world: World,
+    mp_policy: torch.distributed.fsdp.MixedPrecisionPolicy | None = None,
+) -> torch.nn.Module:
+    """Apply FSDP2 in place: each decoder layer is one unit, the rest of the model is the root unit.
+
+    ``mp_policy``: the parameters (float32) stay the sharded master weights; forward and backward run
+    in its param_dtype. None: FSDP2's default, compute in the parameters' own dtype."""
     mesh = torch.distributed.device_mesh.init_device_mesh(world.device.type, (world.size,))
+    policy = mp_policy or torch.distributed.fsdp.MixedPrecisionPolicy()
     layers = getattr(getattr(model, "model", model), "layers", [])
     for layer in layers:
-        torch.distributed.fsdp.fully_shard(layer, mesh=mesh)
-    torch.distributed.fsdp.fully_shard(model, mesh=mesh)
+        torch.distributed.fsdp.fully_shard(layer, mesh=mesh, mp_policy=policy)
+    torch.distributed.fsdp.fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
-def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) for every state-dict entry, in a fixed order, Hugging Face names.
+def full_tensors(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for every state-dict entry, in a fixed order, Hugging Face names; floating
+    point entries cast to ``dtype`` when given (the float32 master weights rounded once, for weight sync).
 
     Collective: every rank must iterate to the end (each DTensor is all-gathered on demand, so memory
     holds one full tensor at a time).
@@ -81,6 +93,8 @@ def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, value in model.state_dict().items():
         if isinstance(value, torch.distributed.tensor.DTensor):
             value = value.full_tensor()
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
         yield name, value.detach()
 
 

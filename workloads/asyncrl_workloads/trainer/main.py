@@ -59,6 +59,8 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
         micro_batch_tokens=spec.trainer.batch.micro_batch_tokens,
         temperature=spec.rollout.sampling.temperature or 1.0,
         teacher_kl_coef=spec.teacher.kl_coef if spec.teacher is not None else None,
+        dtype=spec.model.dtype,
+        rollout_gpus=spec.rollout.gpus_per_replica,
     )
 
 

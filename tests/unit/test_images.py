@@ -166,6 +166,7 @@ def canonical(name: str) -> str:
     return SAME_MODULE.get(name, name)
 
 
+@functools.cache
 def third_party(role: str) -> dict[str, str]:
     module = console_scripts()[ROLE_SCRIPT[role]].partition(":")[0]
     return importgraph.third_party_imports(module, [REPO / "operator", REPO / "workloads"])
@@ -189,7 +190,8 @@ def project_requirements(extras: Iterable[str]) -> list[str]:
     return out
 
 
-def closure(lines: Iterable[str]) -> set[str]:
+@functools.cache
+def closure(lines: tuple[str, ...]) -> frozenset[str]:
     """Every distribution the requirement lines install, by this environment's package metadata
     (a distribution not installed here counts without its dependencies)."""
     seen: set[tuple[str, tuple[str, ...]]] = set()
@@ -209,7 +211,7 @@ def closure(lines: Iterable[str]) -> set[str]:
             dep = requirements.Requirement(line)
             if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in ("", *req.extras)):
                 todo.append(dep)
-    return {name for name, _ in seen}
+    return frozenset(name for name, _ in seen)
 
 
 def dockerfile_requirements(name: str) -> list[str]:
@@ -249,7 +251,7 @@ def distributions_of(module: str) -> set[str]:
 
 @pytest.mark.parametrize("role", ["operator", "rollout", "trainer"])
 def test_each_image_installs_what_its_entry_point_can_import(role: str) -> None:
-    installed = closure(dockerfile_requirements(ROLE_IMAGE.get(role, role)))
+    installed = closure(tuple(dockerfile_requirements(ROLE_IMAGE.get(role, role))))
     modules = third_party(role)
     missing = {
         module: f"{sorted(distributions_of(module)) or '?'} (imported by {importer})"
@@ -262,12 +264,12 @@ def test_each_image_installs_what_its_entry_point_can_import(role: str) -> None:
 def test_the_trainer_can_import_vllm_and_its_image_has_it() -> None:
     # the closure reaches weightsync/nccl.py's lazy `from vllm.distributed.weight_transfer ...`
     assert third_party("trainer")["vllm"] == "asyncrl_workloads.weightsync.nccl"
-    assert "vllm" in closure(dockerfile_requirements("trainer"))
+    assert "vllm" in closure(tuple(dockerfile_requirements("trainer")))
 
 
 @pytest.mark.parametrize("role", ["operator", "rollout", "trainer"])
 def test_each_roles_extra_installs_what_its_entry_point_can_import(role: str) -> None:
-    installed = closure(project_requirements([ROLE_EXTRA[role]]))
+    installed = closure(tuple(project_requirements([ROLE_EXTRA[role]])))
     missing = sorted(m for m in third_party(role) if not distributions_of(m) & installed)
     assert not missing, f"pyproject extra {ROLE_EXTRA[role]!r} does not install {missing}"
 

@@ -11,7 +11,8 @@ plain state dict (only the `model` entries are read; the optimizer state stays b
 into the Hugging Face model built from the base config and written with `save_pretrained`
 (safetensors; tied embeddings stay tied) next to the base model's tokenizer files and generation config.
 `export.json` records the source step and policy version. The weights are those the trainer trains
-(fp32 master weights); `dtype` casts them (default: the base model's own `torch_dtype`).
+(fp32 master weights); `dtype` casts them (`auto`: the dtype the base model's config.json names, read
+as the trainer reads it).
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from asyncrl_workloads.trainer import checkpoint
+from asyncrl_workloads.trainer import checkpoint, precision
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 INFO = "export.json"
 
 
@@ -72,8 +72,7 @@ def export(
     state = {"model": hf.state_dict()}
     dcp.load(state, checkpoint_id=str(step))  # type: ignore[attr-defined]  # no process group: one process
     hf.load_state_dict(state["model"])
-    if dtype != "auto" or getattr(config, "torch_dtype", None) is not None:
-        hf.to(DTYPES[dtype] if dtype != "auto" else _config_dtype(config))
+    hf.to(precision.resolve(dtype, precision.config_dtype(base)))  # auto: the base model's own dtype
     out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out, safe_serialization=True)
     transformers.AutoTokenizer.from_pretrained(base).save_pretrained(out)  # with its chat template
@@ -82,8 +81,3 @@ def export(
     info = {"step": meta.get("step"), "param_version": meta.get("param_version"), "source": str(step)}
     (out / INFO).write_text(json.dumps({**info, "base_model": str(base)}) + "\n")
     return step
-
-
-def _config_dtype(config: Any) -> torch.dtype:
-    value = config.torch_dtype
-    return value if isinstance(value, torch.dtype) else DTYPES.get(str(value), torch.float32)

@@ -12,7 +12,10 @@ job.json`, identity from env). Checked at the end:
 - both replicas: samples of each were trained, and both took part in at least half of the syncs;
 - weights: after every sync each rollout acked a checksum equal to the trainer's, and the logprobs
   vLLM reported for samples of the trainer's current version equal the trainer's own (so the
-  engine really runs the trainer's weights, not just received them).
+  engine really runs the trainer's weights, not just received them);
+- validation (data.validation, every 10 steps, run by rollout replica 0 beside its training groups):
+  the generations log, status.progress.validation and the asyncrl_validation_* gauges agree, every
+  crossed step was validated under its own version, and the greedy validation reward rose.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from asyncrl_api import config
 from asyncrl_testing import jobs, learning
 from asyncrl_workloads import tinymodel
 from asyncrl_workloads.local import natsserver, process
+from asyncrl_workloads.tasks import say_char
 from asyncrl_workloads.trainer import checkpoint
 from prometheus_client import parser
 
@@ -201,6 +205,7 @@ def run_job(
             name: sum(scrape(ports[f"rollout-{r}"], name) for r in (0, 1))
             for name in ("asyncrl_agent_episodes_total", "asyncrl_tool_calls_total")
         }
+        validation = {name: scrape(ports["rollout-0"], name) for name in VALIDATION_GAUGES}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -214,13 +219,48 @@ def run_job(
 
     records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in records] == list(range(1, steps + 1))
-    return {"steps": records, "produced": before, "stored": stored, "in_stream": in_stream, "agent": agent}
+    return {
+        "steps": records, "produced": before, "stored": stored, "in_stream": in_stream, "agent": agent,
+        "validation": validation,
+    }  # fmt: skip
+
+
+VALIDATION_GAUGES = ("asyncrl_validation_step", "asyncrl_validation_reward", "asyncrl_validation_samples")
 
 
 def test_async_grpo_learns_with_bounded_staleness_and_consistent_accounting(tmp_path):
-    run = run_job(tmp_path, "async", STEPS, MAX_STALENESS)
+    validate = {"data": {"validation": "builtin:say_char", "validateEverySteps": 10}}
+    run = run_job(tmp_path, "async", STEPS, MAX_STALENESS, patch=validate)
     learning.assert_rises([s["reward_mean"] for s in run["steps"]], "reward")  # learning, beyond noise
     assert_async_run_is_consistent(tmp_path, run, STEPS)
+    assert_validation_is_consistent(tmp_path, run["validation"])
+
+
+def assert_validation_is_consistent(tmp_path: pathlib.Path, gauges: dict[str, float]) -> None:
+    """The trainer's generations log (default path: beside the checkpoints) and its status report hold
+    the runs replica 0 sent; its gauges show its last run. A run the trainer was not up for (the baseline
+    when the engine came up first) or that ended after it exited (step 50) is only in the gauges."""
+    rows = [json.loads(line) for line in (tmp_path / "ckpt" / "validation.jsonl").read_text().splitlines()]
+    by_step: dict[int, list[dict]] = {}
+    for row in rows:
+        assert row["version"] == row["step"]  # syncEverySteps 1: the announced step of each version
+        by_step.setdefault(row["step"], []).append(row)
+    assert {10, 20, 30, 40} <= set(by_step) <= {0, 10, 20, 30, 40, 50}, sorted(by_step)
+    prompts = {r["prompt"] for r in say_char.records()}
+    for step, group in by_step.items():  # the whole set, one sample per prompt, each scored
+        assert sorted(r["prompt"] for r in group) == sorted(prompts), step
+        assert all(r["error"] is None and 0.0 <= r["reward"] <= 1.0 for r in group)
+    reported = json.loads((tmp_path / "progress.json").read_text())["progress"]["validation"]
+    assert reported["step"] == max(by_step) and reported["samples"] == len(prompts) and not reported["failed"]
+    mean = {step: sum(r["reward"] for r in group) / len(group) for step, group in by_step.items()}
+    assert reported["rewardMean"] == pytest.approx(mean[reported["step"]])
+    assert gauges["asyncrl_validation_samples"] == len(prompts)
+    assert gauges["asyncrl_validation_step"] in (reported["step"], reported["step"] + 10)
+    if gauges["asyncrl_validation_step"] == reported["step"]:
+        assert gauges["asyncrl_validation_reward"] == pytest.approx(reported["rewardMean"])
+    first, last = min(mean), max(mean)
+    print(f"validation reward (greedy): step {first} {mean[first]:.3f}, step {last} {mean[last]:.3f}")
+    assert mean[last] > mean[first]
 
 
 def assert_async_run_is_consistent(tmp_path: pathlib.Path, run: dict, steps_n: int) -> None:

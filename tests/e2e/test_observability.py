@@ -176,6 +176,8 @@ def test_the_scrape_shows_a_working_run(prometheus: prometheus_server.Prometheus
         "sum(asyncrl_agent_turns_count)",
         'sum(asyncrl_tool_calls_total{outcome="ok"})',
         "sum(asyncrl_tool_seconds_count)",
+        "max(asyncrl_validation_samples)",  # the baseline run of data.validation (episodes at temperature 0)
+        "count(asyncrl_validation_reward >= 0)",
     ]
     values = {expr: prometheus.scalar(expr) for expr in positive}
     assert all(v is not None and v > 0 for v in values.values()), values

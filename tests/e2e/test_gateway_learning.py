@@ -19,7 +19,7 @@ and once the agent was stopped (Ctrl-C) and everything is quiet:
   dropped (the trainer's counters) + still in the stream;
 - the gateway's own books: sessions started = ended + expired + still open, every group the agent
   finished was answered 200 throughout, and no request got a 5xx;
-- the runner stops the run on Ctrl-C.
+- the runner stops the run on Ctrl-C: no process of the run is left, within 30 s by its summary.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 
 import pytest
 import yaml
-from asyncrl_testing import dashboards, jobs, learning
+from asyncrl_testing import dashboards, jobs, learning, procfs
 from asyncrl_testing import prometheus as prometheus_server
 from asyncrl_workloads.local import process
 
@@ -153,8 +153,10 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         rollout, trainer = _quiet([pods["rollout"], pods["trainer"]])
         nats_url = json.loads((run_dir / "job.json").read_text())["endpoints"]["natsUrl"]
         stored, in_stream = learning.stream_state(nats_url, NAMESPACE, JOB)
+        running = procfs.run_processes(run_dir)
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=90) == 130
+        left = procfs.run_processes(run_dir)
     finally:
         for proc in (agent, runner):
             if proc is not None and proc.poll() is None:
@@ -169,6 +171,11 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
     print("the Agent gateway row:\n  " + "\n  ".join(shown))
     assert panels, f"the job dashboard has no {dashboards.GATEWAY_ROW!r} row"
     assert not no_data, "panels without data:\n" + "\n".join(no_data)
+    # Ctrl-C stops every process of the run, engines included, and says so in its summary
+    assert len(running) >= 4, running  # trainer, rollout, its engine core, nats-server at least
+    assert left == [], left
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["detail"] == "SIGINT" and summary["stopSeconds"] < 30, summary
     agent_output = (tmp_path / "agent.log").read_text()
     assert "group g" in agent_output, agent_output[-3000:]
 

@@ -89,3 +89,24 @@ def thread_affinity(pid: int | str) -> list[str]:
         except OSError:
             continue
     return sorted(seen)
+
+
+def run_processes(run_dir: pathlib.Path) -> list[int]:
+    """Pids of an `asyncrl run`'s processes: their environment holds ASYNCRL_STEP_LOG=<run dir>/steps.jsonl
+    (set by the runner for every pod process and inherited by vLLM's engine cores and workers), or their
+    command line names the run dir (the nats-server's store). Zombies are left out (they hold nothing)."""
+    marker = f"ASYNCRL_STEP_LOG={run_dir / 'steps.jsonl'}".encode()
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if stat_fields(entry.name)[0] == "Z":
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in environ or str(run_dir).encode() in command:
+            found.append(int(entry.name))
+    return found

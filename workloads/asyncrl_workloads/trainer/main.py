@@ -223,7 +223,9 @@ def run(cfg: config_mod.JobConfig) -> None:
         metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
     backend = backend_mod.BACKENDS[spec.trainer.backend](train_settings(cfg), world)
     ck = spec.trainer.checkpoint
-    checkpointer = checkpoint.Checkpointer(pathlib.Path(ck.path), ck.every_steps, ck.keep, world)
+    checkpointer = checkpoint.Checkpointer(
+        pathlib.Path(ck.path), ck.every_steps, ck.keep, world, model_path=spec.model.path
+    )
     latest = checkpointer.latest() if world.is_main else None
     latest = fsdp.broadcast_object(latest, world)  # type: ignore[assignment]
     state = loop.State()

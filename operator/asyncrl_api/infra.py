@@ -152,9 +152,9 @@ class SchedulingSpec(base.APIModel):
     """Scheduler for both roles; unset = the default scheduler. scheduler-plugins-scheduler and volcano
     get a PodGroup for the trainer gang (their CRDs must be installed); any other name is passed on."""
     queue_name: str | None = pydantic.Field(default=None, min_length=1, max_length=63)
-    """Kueue LocalQueue of the job's pods (label kueue.x-k8s.io/queue-name; Kueue's pod integration must
-    be enabled): the trainer gang is one workload, each rollout pod its own; pods wait, gated, until
-    the queue admits them."""
+    """Kueue LocalQueue of the job (label kueue.x-k8s.io/queue-name; Kueue's pod and statefulset
+    integrations must be enabled): the trainer gang is one workload, admitted whole, each rollout pod
+    its own; pods wait, gated, until the queue admits them."""
     priority_class_name: str | None = pydantic.Field(default=None, min_length=1, max_length=253)
     """PriorityClass of every pod."""
 

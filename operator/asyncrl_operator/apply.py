@@ -54,6 +54,16 @@ API_VERSIONS: dict[str, str] = {
 ApiError = kubernetes.client.ApiException
 
 
+def error_message(exc: ApiError, limit: int = 300) -> str:
+    """``: <the API server's message>`` of a failed call (an admission webhook's refusal, a validation
+    error), cut to ``limit`` characters; empty when the body carries none."""
+    try:
+        message = str(json.loads(exc.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        return ""
+    return f": {message[:limit]}" if message else ""
+
+
 def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
     """The REST path of a namespaced object or collection."""
     api_version = API_VERSIONS[kind]

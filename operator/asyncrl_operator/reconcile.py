@@ -132,6 +132,7 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
                 applied[key] = client.apply(obj)
             except apply.ApiError as exc:
                 why = f"applying {key[0]} {key[1]} failed: {exc.status} {exc.reason}"
+                why += apply.error_message(exc)
                 if exc.status == 404 and "." in key[0]:  # a PodGroup whose CRD is not installed
                     why += f" (is the {key[0]} CRD installed? spec.scheduling.schedulerName asks for it)"
                 log.error("%s/%s: %s", namespace, name, why)

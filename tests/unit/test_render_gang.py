@@ -85,28 +85,20 @@ def test_no_pod_group_without_a_known_gang_scheduler(scheduling: dict[str, Any])
     assert not [k for k in {**trainer["labels"], **trainer["annotations"]} if "group" in k]
 
 
-def test_kueue_admits_the_trainer_as_one_pod_group_and_each_rollout_alone() -> None:
+def test_kueue_queues_the_trainer_statefulset_as_one_group_and_each_rollout_pod_alone() -> None:
     objects = _objects(_job({"queueName": "team-a"}))
-    trainer, rollout = _template(objects, "trainer"), _template(objects, "rollout")
-    assert trainer["labels"][gang.KUEUE_QUEUE_NAME] == "team-a"
-    assert trainer["labels"][gang.KUEUE_GROUP_NAME] == "demo-trainer"
-    assert trainer["annotations"][gang.KUEUE_GROUP_TOTAL] == "2"
-    assert trainer["annotations"][gang.KUEUE_GROUP_SERVING] == "true"
-    assert rollout["labels"][gang.KUEUE_QUEUE_NAME] == "team-a"
-    assert (
-        gang.KUEUE_GROUP_NAME not in rollout["labels"]
-        and gang.KUEUE_GROUP_TOTAL not in rollout["annotations"]
-    )
+    trainer = objects[("StatefulSet", "demo-trainer")]
+    assert trainer["metadata"]["labels"][gang.KUEUE_QUEUE_NAME] == "team-a"  # Kueue's StatefulSet integration
+    assert gang.KUEUE_QUEUE_NAME not in _template(objects, "trainer")["labels"]  # Kueue labels its pods
+    assert _template(objects, "rollout")["labels"][gang.KUEUE_QUEUE_NAME] == "team-a"  # pod integration
+    assert gang.KUEUE_QUEUE_NAME not in objects[("StatefulSet", "demo-rollout")]["metadata"]["labels"]
     assert _pod_groups(objects) == []
 
 
 def test_kueue_without_gang_queues_each_trainer_pod_alone() -> None:
-    trainer = _template(_objects(_job({"queueName": "team-a", "gang": False})), "trainer")
-    assert trainer["labels"][gang.KUEUE_QUEUE_NAME] == "team-a"
-    assert (
-        gang.KUEUE_GROUP_NAME not in trainer["labels"]
-        and gang.KUEUE_GROUP_TOTAL not in trainer["annotations"]
-    )
+    objects = _objects(_job({"queueName": "team-a", "gang": False}))
+    assert _template(objects, "trainer")["labels"][gang.KUEUE_QUEUE_NAME] == "team-a"
+    assert gang.KUEUE_QUEUE_NAME not in objects[("StatefulSet", "demo-trainer")]["metadata"]["labels"]
 
 
 @pytest.mark.parametrize(

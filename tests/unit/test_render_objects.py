@@ -188,7 +188,8 @@ def test_scheduling_fields_reach_the_pods() -> None:
     assert trainer["spec"]["schedulerName"] == "volcano" and trainer["spec"]["priorityClassName"] == "high"
     assert trainer["spec"]["nodeSelector"] == {"pool": "train"}
     assert trainer["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert trainer["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "rl"
+    rollout = _by_kind(render.render(job))[("StatefulSet", "rollout")]["spec"]["template"]
+    assert rollout["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "rl"  # the trainer's: render.gang
     assert trainer["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "demo-trainer"  # Volcano's
 
 

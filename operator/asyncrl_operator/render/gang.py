@@ -1,6 +1,7 @@
 """How the trainer gang reaches a gang scheduler or an admission queue (spec.scheduling).
 
-Called by ``render.render`` (the PodGroup object) and ``render.pods`` (pod labels and annotations).
+Called by ``render.render`` (the PodGroup object) and ``render.pods`` (StatefulSet and pod labels, pod
+annotations).
 Three systems, each told in its own documented vocabulary:
 
 - scheduler-plugins' coscheduling (schedulerName ``scheduler-plugins-scheduler``, the name its
@@ -9,11 +10,13 @@ Three systems, each told in its own documented vocabulary:
 - Volcano (schedulerName ``volcano``): a ``scheduling.volcano.sh/v1beta1`` PodGroup (minMember,
   minResources, priorityClassName; Volcano's ``default`` queue), trainer pods annotated
   ``scheduling.k8s.io/group-name``.
-- Kueue (scheduling.queueName, any scheduler): admission by quota. The trainer pods form one Kueue pod
-  group (label ``kueue.x-k8s.io/pod-group-name``, annotation ``kueue.x-k8s.io/pod-group-total-count`` =
-  replicas, ``kueue.x-k8s.io/pod-group-serving``: a StatefulSet's pods restart rather than finish), so
-  Kueue admits all of them or none; each rollout pod is its own workload (rollouts scale and are
-  replaced one by one). Kueue's webhook gates the pods until admission.
+- Kueue (scheduling.queueName, any scheduler): admission by quota. The trainer StatefulSet carries
+  ``kueue.x-k8s.io/queue-name``: Kueue's StatefulSet integration makes its pods one serving pod group
+  (Kueue labels them itself), admitted all or none, and takes its finalizers off pods the StatefulSet
+  deletes (gang restart, suspend, job deletion). Each rollout pod carries the label itself and is its
+  own workload (Kueue's pod integration): rollouts scale and are replaced one by one, which a Kueue
+  StatefulSet, whose replicas Kueue holds fixed, would refuse. Kueue's webhook gates the pods until
+  admission. With gang off, trainer pods are queued one by one like the rollouts.
 
 PodGroups are owned by the job (garbage-collected with it). With gang off, or another scheduler
 without a queue, nothing is declared: the trainer pods still start in parallel and a failed one
@@ -43,9 +46,6 @@ POD_GROUP_KIND = "PodGroup"
 COSCHEDULING_POD_GROUP = "scheduling.x-k8s.io/pod-group"
 VOLCANO_GROUP_NAME = "scheduling.k8s.io/group-name"
 KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
-KUEUE_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
-KUEUE_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
-KUEUE_GROUP_SERVING = "kueue.x-k8s.io/pod-group-serving"
 
 
 def pod_group_api_version(job: models.AsyncRLJob) -> str | None:
@@ -58,31 +58,30 @@ def pod_group_api_version(job: models.AsyncRLJob) -> str | None:
     )
 
 
+def statefulset_labels(job: models.AsyncRLJob, role: str) -> dict[str, str]:
+    """Labels on a role's StatefulSet itself: Kueue's queue on the trainer gang's."""
+    sched = job.spec.scheduling
+    if role == names.TRAINER and sched.queue_name and sched.gang:
+        return {KUEUE_QUEUE_NAME: sched.queue_name}
+    return {}
+
+
 def pod_labels(job: models.AsyncRLJob, role: str) -> dict[str, str]:
     """Labels a role's pods carry for the gang scheduler and Kueue."""
-    sched, group = job.spec.scheduling, names.trainer(job.metadata.name)
+    sched = job.spec.scheduling
     out: dict[str, str] = {}
-    if sched.queue_name:
+    if sched.queue_name and not statefulset_labels(job, role):
         out[KUEUE_QUEUE_NAME] = sched.queue_name
-        if role == names.TRAINER and sched.gang:
-            out[KUEUE_GROUP_NAME] = group
     if role == names.TRAINER and pod_group_api_version(job) == COSCHEDULING_API_VERSION:
-        out[COSCHEDULING_POD_GROUP] = group
+        out[COSCHEDULING_POD_GROUP] = names.trainer(job.metadata.name)
     return out
 
 
 def pod_annotations(job: models.AsyncRLJob, role: str) -> dict[str, str]:
-    """Annotations a role's pods carry for Volcano and Kueue (only the trainer's)."""
-    sched = job.spec.scheduling
-    out: dict[str, str] = {}
-    if role != names.TRAINER:
-        return out
-    if sched.queue_name and sched.gang:
-        out[KUEUE_GROUP_TOTAL] = str(job.spec.trainer.replicas)
-        out[KUEUE_GROUP_SERVING] = "true"
-    if pod_group_api_version(job) == VOLCANO_API_VERSION:
-        out[VOLCANO_GROUP_NAME] = names.trainer(job.metadata.name)
-    return out
+    """Annotations a role's pods carry: Volcano's group name on the trainer's."""
+    if role == names.TRAINER and pod_group_api_version(job) == VOLCANO_API_VERSION:
+        return {VOLCANO_GROUP_NAME: names.trainer(job.metadata.name)}
+    return {}
 
 
 def min_resources(job: models.AsyncRLJob) -> dict[str, str]:

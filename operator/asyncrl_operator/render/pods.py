@@ -133,7 +133,10 @@ def statefulset(
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": names.metadata(job, service, role),
+        "metadata": {
+            **names.metadata(job, service, role),
+            "labels": names.labels(job.metadata.name, role) | gang.statefulset_labels(job, role),
+        },
         "spec": {
             "replicas": replicas,
             "serviceName": service,

@@ -76,6 +76,29 @@ def _cond(
     return api_status.Condition(type=type_, status=value, reason=reason, message=message)
 
 
+def gates(obs: Observed, role: str) -> list[str]:
+    """The scheduling gates holding a role's live pods (Kueue's ``kueue.x-k8s.io/admission`` while its
+    queue has not admitted them), sorted, each once."""
+    found = set()
+    for pod in obs.pods:
+        meta = pod.get("metadata") or {}
+        if (meta.get("labels") or {}).get(names.ROLE) == role and not meta.get("deletionTimestamp"):
+            found |= {str(g.get("name")) for g in (pod.get("spec") or {}).get("schedulingGates") or []}
+    return sorted(found)
+
+
+def _role_cond(
+    type_: api_status.ConditionType, ok: bool, ready: str, held: list[str]
+) -> api_status.Condition:
+    """A role's readiness; pods held by scheduling gates say so (a queued job waits, it is not broken)."""
+    if ok:
+        return _cond(type_, True, "AllReady", f"{ready} ready")
+    if held:
+        why = f"{ready} ready; pods wait for scheduling gates {', '.join(held)} (a queue's admission)"
+        return _cond(type_, False, "SchedulingGated", why)
+    return _cond(type_, False, "NotReady", f"{ready} ready")
+
+
 def is_stalled(job: models.AsyncRLJob, now: datetime.datetime) -> bool:
     """Running, and the step has not advanced for spec.progress.stalledAfterSeconds (counted from the
     last step time, or from the start when no step was reported yet)."""
@@ -127,12 +150,8 @@ def compute_conditions(
     synced = job.status.progress is not None and job.status.progress.last_sync_time is not None
     return [
         _cond("Ready", running and trainer_ok and rollout_ok and bus_ok, phase, f"job is {phase}"),
-        _cond(
-            "TrainerReady", trainer_ok, "AllReady" if trainer_ok else "NotReady", f"{st.trainer.ready} ready"
-        ),
-        _cond(
-            "RolloutReady", rollout_ok, "AllReady" if rollout_ok else "NotReady", f"{st.rollout.ready} ready"
-        ),
+        _role_cond("TrainerReady", trainer_ok, st.trainer.ready, gates(obs, names.TRAINER)),
+        _role_cond("RolloutReady", rollout_ok, st.rollout.ready, gates(obs, names.ROLLOUT)),
         _cond(
             "BusReady", bus_ok, "External" if external else ("ServerReady" if bus_ok else "ServerNotReady")
         ),

@@ -84,7 +84,15 @@ def test_a_trainer_gang_that_does_not_fit_waits_whole_and_starts_whole_when_quot
         workloads = get_json(cluster, "workloads.kueue.x-k8s.io", "-n", namespace).get("items") or []
         gang = [w for w in workloads if sum(ps["count"] for ps in w["spec"]["podSets"]) == 2]
         assert len(gang) == 1 and not (gang[0].get("status") or {}).get("admission"), workloads
-        assert operator_proc.job_status(cluster, namespace, "queued")["trainer"]["ready"] == "0/2"
+        waiting = cluster_wait.wait_until(  # what `kubectl describe arj` shows while the gang is queued
+            lambda: operator_proc.condition(
+                operator_proc.job_status(cluster, namespace, "queued"), "TrainerReady"
+            ),
+            lambda cond: cond.get("reason") == "SchedulingGated",
+            "TrainerReady SchedulingGated",
+            timeout=30,
+        )
+        assert GATE in waiting["message"] and waiting["message"].startswith("0/2 ready")
 
         cluster.kubectl("apply", "-f", "-", input=kueue.queues_yaml("team", namespace, gpus=6))
         trainers = cluster_wait.wait_until(

@@ -111,7 +111,7 @@ def metrics_port() -> dict[str, Any]:
 
 
 def readiness_probe() -> dict[str, Any]:
-    """Ready once the process serves /metrics (every asyncrl process does, design.md §5)."""
+    """Ready once the process serves /metrics (every asyncrl process does; the README's Metrics table)."""
     return {
         "httpGet": {"path": "/metrics", "port": "metrics"},
         "initialDelaySeconds": 5,

@@ -22,10 +22,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from asyncrl_workloads import metrics
-from asyncrl_workloads.rewards import scorer as scorer_mod
-from asyncrl_workloads.tasks import say_char
-from asyncrl_workloads.weightsync import base, checksum, replica, sender
+from asyncrl_testing import vllm_round
+from asyncrl_workloads.weightsync import base, checksum, sender
 
 pytestmark = pytest.mark.dataplane
 PEER = pathlib.Path(__file__).with_name("weightsync_peer.py")
@@ -246,46 +244,25 @@ def test_late_joiners_are_caught_up_to_the_current_version_alone(trainer, peers,
 async def _serial_round_on_vllm(model_path: pathlib.Path) -> None:
     import transformers
     from asyncrl_workloads.rollout import engine as engine_mod
-    from asyncrl_workloads.rollout import worker as worker_mod
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(model_path)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    named = list(hf.state_dict().items())
+    named = vllm_round.perturbed(model_path)
     port = free_port()
     trainer = sender.GlooWeightSender(port, timeout_seconds=20, bucket_mb=1)
     settings = engine_mod.EngineSettings(model=str(model_path), overlap_transfer=False)
     engine = await engine_mod.RolloutEngine.start(settings)
     try:
-        link = replica.ReplicaLink("127.0.0.1", port, replica=0)
-        ws = worker_mod.WorkerSettings(
-            job="serial", replica=0, n=2, max_tokens=32, max_inflight_prompts=2,
-            max_staleness=1000, groups_per_version=1000,
-        )  # fmt: skip
-
-        async def publish(traj: object) -> bool:
-            return True
-
-        bound = metrics.bind(metrics.Identity("ns", "serial", "rollout", "0"))
-        worker = worker_mod.RolloutWorker(
-            ws, engine, link, publish, scorer_mod.Scorer(say_char.reward), say_char.records(),
-            lambda text: list(tok(text)["input_ids"]), bound,
-        )  # fmt: skip
-        stop = asyncio.Event()
-        run = asyncio.create_task(worker.run(stop))
-        while not await asyncio.to_thread(trainer.members):
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # generating
-        report = await asyncio.to_thread(trainer.sync, 1, named)
-        # The ack is sent after resuming, with the checksum the worker computed after the load.
-        assert report.members == [0] and report.checksums == {0: checksum.of(named)}
-        while not worker.stats.updates:
-            await asyncio.sleep(0.01)
-        assert engine.version == 1 and worker.stats.updates[0]["pause_s"] > 0
-        stop.set()
-        await run
+        tokenize = lambda text: list(tok(text)["input_ids"])  # noqa: E731
+        async with vllm_round.serving(engine, "127.0.0.1", port, tokenize, job="serial") as worker:
+            while not await asyncio.to_thread(trainer.members):
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # generating
+            report = await asyncio.to_thread(trainer.sync, 1, named)
+            # The ack is sent after resuming, with the checksum the worker computed after the load.
+            assert report.members == [0] and report.checksums == {0: checksum.of(named)}
+            while not worker.stats.updates:
+                await asyncio.sleep(0.01)
+            assert engine.version == 1 and worker.stats.updates[0]["pause_s"] > 0
 
         # A load that fails inside the pause (nothing was prefetched for this round) leaves the
         # engine's version and vLLM's stamp at 1: what it generates next is tagged version 1.

@@ -5,6 +5,17 @@ tests/dataplane/test_weightsync.py so tests can SIGKILL / SIGSTOP it.
     python weightsync_peer.py HOST PORT REPLICA
 
 Prints one JSON line per event to stdout: {"event": "hello"|"loaded"|"failed", ...}.
+
+The other side, for tests/dataplane/test_weightsync_gpu.py: trainer rank 0 in a process of its own (so it
+can have a GPU of its own through CUDA_VISIBLE_DEVICES), the job's real sender (``nccl.NcclWeightSender``
+for weightSync.backend nccl) sending the tiny model's weights perturbed by a seed:
+
+    python weightsync_peer.py sender JOB_JSON MODEL_DIR
+
+Reads one JSON order a line on stdin, {"version": V, "seed": S, "dtype": "bfloat16"}, waits for a replica to
+say hello, syncs and prints {"event": "synced", "version", "members", "dropped", "generation", "checksum"}
+(``checksum.of`` what it sent); "listening" once its store is up. Lines that are not JSON (vLLM logs to
+stdout) are the reader's to skip.
 """
 
 from __future__ import annotations
@@ -52,5 +63,36 @@ def main() -> None:
                           "checksum": digest}), flush=True)  # fmt: skip
 
 
+def sender_main(job_json: str, model_dir: str) -> None:
+    import pathlib
+
+    import torch
+    from asyncrl_api import config as config_mod
+    from asyncrl_testing import vllm_round
+    from asyncrl_workloads.weightsync import checksum, nccl
+
+    torch.cuda.set_device(0)
+    cfg = config_mod.JobConfig.model_validate_json(pathlib.Path(job_json).read_text())
+    trainer = nccl.NcclWeightSender(cfg)
+    print(json.dumps({"event": "listening"}), flush=True)
+    for line in sys.stdin:
+        order = json.loads(line)
+        deadline = time.monotonic() + 300
+        while not trainer.members():
+            if time.monotonic() > deadline:
+                raise SystemExit("no rollout replica said hello within 300 s")
+            time.sleep(0.05)
+        dtype = getattr(torch, order["dtype"])
+        named = vllm_round.perturbed(pathlib.Path(model_dir), order["seed"], dtype, device="cuda")
+        report = trainer.sync(order["version"], named)
+        print(json.dumps({"event": "synced", "version": report.version, "members": report.members,
+                          "dropped": report.dropped, "generation": report.generation,
+                          "checksum": checksum.of(named)}), flush=True)  # fmt: skip
+    trainer.close()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "sender":
+        sender_main(sys.argv[2], sys.argv[3])
+    else:
+        main()

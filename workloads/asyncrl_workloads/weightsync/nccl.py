@@ -3,7 +3,8 @@
 NOT RUNNABLE ON THE CPU MACHINES this project is developed on (no CUDA, no NCCL): written against
 vLLM 0.32's real API (``vllm.distributed.weight_transfer.nccl_engine``: ``NCCLTrainerInitInfo``,
 ``NCCLTrainerWeightTransferEngine.trainer_init`` / ``send_weights``, ``NCCLWeightTransferInitInfo``,
-``NCCLWeightTransferUpdateInfo``) and exercised only where a GPU machine is lent. The control
+``NCCLWeightTransferUpdateInfo``) and exercised only where a GPU machine is lent: two GPUs run a
+real round, ``pytest -m gpu tests/dataplane/test_weightsync_gpu.py``. The control
 flow is the gloo path's (``weightsync/base.py``); only the transport differs:
 
 - Trainer (``NcclWeightSender``, called by the trainer like ``GlooWeightSender``): the same
@@ -52,9 +53,18 @@ def group_port(port: int) -> int:
     return port + 1
 
 
-def _with_deadline(fn: Callable[[], Any], deadline: float, what: str) -> Any:
+def _with_deadline(fn: Callable[[], Any], deadline: float, what: str, device: int | None = None) -> Any:
+    """Run ``fn`` in a thread of its own, on CUDA device ``device`` (a new thread starts on device 0
+    whatever the caller set, and vLLM's trainer side opens its communicator and packing streams on
+    the thread's current device)."""
+
+    def run() -> Any:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return fn()
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-weight-sync")
-    future = pool.submit(fn)
+    future = pool.submit(run)
     try:
         return future.result(timeout=max(0.001, deadline - time.monotonic()))
     except concurrent.futures.TimeoutError:
@@ -105,6 +115,9 @@ class NcclWeightSender(sender.GlooWeightSender):
         self.host = cfg.endpoints.trainer_host
         self.port = cfg.endpoints.weight_sync_port
         self._source = _ListSource()
+        self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        """The trainer's device when it made the sender (``fsdp`` set it): every NCCL call runs there,
+        from whichever thread ``sync`` is called."""
 
     def _open_group(self, roster: base.Roster, deadline: float) -> Any:
         from vllm.distributed.weight_transfer import base as vllm_wt
@@ -121,7 +134,7 @@ class NcclWeightSender(sender.GlooWeightSender):
         client = _RolloutsDriveThemselves()
         return _with_deadline(
             lambda: NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source),
-            deadline, f"forming group generation {roster.generation}",
+            deadline, f"forming group generation {roster.generation}", self.device,
         )  # fmt: skip
 
     def _transfer(
@@ -133,7 +146,7 @@ class NcclWeightSender(sender.GlooWeightSender):
     ) -> None:
         self._source.tensors = tensors
         engine = self._group
-        _with_deadline(engine.send_weights, deadline, f"broadcast of v{plan.version}")
+        _with_deadline(engine.send_weights, deadline, f"broadcast of v{plan.version}", self.device)
         report.nbytes += sum(t.numel() * t.element_size() for _, t in tensors)
 
     def _close_group(self) -> None:
@@ -141,7 +154,7 @@ class NcclWeightSender(sender.GlooWeightSender):
         self._group_members = ()
         if engine is not None:
             with contextlib.suppress(RuntimeError):  # a stuck communicator is abandoned
-                _with_deadline(engine.shutdown, time.monotonic() + 5.0, "shutdown")
+                _with_deadline(engine.shutdown, time.monotonic() + 5.0, "shutdown", self.device)
 
 
 @dataclasses.dataclass

@@ -5,6 +5,11 @@ Stalled, garbage collection, and a crash-restarted operator that creates no dupl
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +17,7 @@ from typing import Any
 import pytest
 from asyncrl_testing import cluster_wait, jobs, operator_proc
 from asyncrl_testing.operator_proc import bind_storage, condition, get_json, job_status, pods
+from asyncrl_workloads import tinymodel
 
 pytestmark = pytest.mark.cluster
 
@@ -105,6 +111,55 @@ def test_every_example_passes_the_real_apiservers_admission(cluster, namespace, 
     ).stdout
     assert out.count("(server dry run)") == len(files), out
     assert cluster.kubectl("get", "asyncrljobs", "-n", namespace, "-o", "name").stdout.strip() == ""
+
+
+MATH_RECORDS = [
+    {"prompt": "What is 2 + 3? Put the final answer in \\boxed{}.", "answer": "5"},
+    {
+        "prompt": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+        "answer": "#### 72",
+    },
+]
+
+
+def test_the_examples_rendered_rollout_passes_its_own_start_up_checks(cluster, namespace, operator, tmp_path):
+    """examples/job.yaml as the real apiserver stores it and the operator renders it: the rollout
+    container's command and environment, run here with the job.json the ConfigMap holds, pointed at a tiny
+    chat model and a few math records in place of the user's volume (data and model paths aside, every
+    other field as rendered: the reward asyncrl_workloads.rewards.math:boxed_answer, the chat format, the
+    validation set). Its start-up checks (config, reward import, records, chat template) pass: it stops
+    only at NATS, which is unreachable here (exit 1 with that line, not exit 2 for the job)."""
+    bind_storage(cluster, namespace, "rl-storage")
+    cluster.kubectl("apply", "-n", namespace, "-f", str(jobs.EXAMPLES / "job.yaml"))
+    rollout = cluster_wait.wait_until(
+        lambda: cluster.kubectl(
+            "get", "statefulset", "math-rollout", "-n", namespace, "-o", "json", check=False
+        ),
+        lambda done: done.returncode == 0,
+        "the rendered rollout StatefulSet",
+        timeout=30,
+    )
+    container = json.loads(rollout.stdout)["spec"]["template"]["spec"]["containers"][0]
+    body = json.loads(get_json(cluster, "configmap", "math-config", "-n", namespace)["data"]["job.json"])
+    model = tinymodel.create_tiny_model(tmp_path / "model", seed=0, chat=True)
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in MATH_RECORDS))
+    body["spec"]["model"]["path"] = str(model)
+    body["spec"]["data"].update(prompts=str(data), validation=str(data))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    body["endpoints"]["natsUrl"] = f"nats://127.0.0.1:{closed}"
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(body))
+    command = [str(pathlib.Path(sys.executable).parent / container["command"][0]), *container["command"][1:]]
+    command[command.index("--config") + 1] = str(config)
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env = {**os.environ, **env, "ASYNCRL_REPLICA": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert last.startswith("asyncrl-rollout: endpoints.natsUrl: cannot reach NATS"), done.stderr[-3000:]
 
 
 def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, namespace, operator):

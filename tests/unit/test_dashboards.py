@@ -54,6 +54,9 @@ WORKLOAD_METRICS = {
     *GATEWAY_METRICS,
     # beyond §5: the judge and teacher endpoints (endpoints/)
     *ENDPOINT_METRICS,
+    # beyond §5: validation runs (data.validation, rollout/validation.py)
+    "asyncrl_validation_reward", "asyncrl_validation_step", "asyncrl_validation_param_version",
+    "asyncrl_validation_samples", "asyncrl_validation_seconds",
 }  # fmt: skip
 OPERATOR_METRICS = {
     "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",
@@ -269,8 +272,9 @@ def exposed_series_names() -> set[str]:
     """Sample names the real registries expose (prometheus_client's own text format), with every
     label child the processes create (workloads.metrics.bind, the agent loop's per tool/outcome and
     per end children, which exist once a call or an episode was counted, the gateway's per
-    route/code children, which exist once a route answered, and the endpoints' per endpoint/code
-    children, which exist once an endpoint was called) present."""
+    route/code children, which exist once a route answered, the endpoints' per endpoint/code
+    children, which exist once an endpoint was called, and the validation gauges, which exist once a
+    validation run ended) present."""
     import prometheus_client
     from asyncrl_operator import metrics as operator_metrics
     from asyncrl_workloads import metrics as workload_metrics
@@ -281,6 +285,7 @@ def exposed_series_names() -> set[str]:
     bound.agent_episodes_by("stop")
     bound.gateway_requests_by("groups", 429)
     bound.endpoint_requests_by("judge", "200")
+    bound.record_validation(step=10, version=10, reward_mean=0.5, samples=4, seconds=1.0)
     try:
         registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
         text = b"".join(prometheus_client.generate_latest(r) for r in registries).decode()

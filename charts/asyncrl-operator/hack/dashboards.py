@@ -381,6 +381,14 @@ def job_dashboard() -> dict[str, Any]:
             description="Reward of the trajectories the rollouts produced (asyncrl_reward histogram). "
             "Quantiles, not a mean: its buckets start below 0, and prometheus_client then exports no _sum.",
         ),
+        panel(
+            "Validation reward",
+            "timeseries",
+            [(f"max(asyncrl_validation_reward{{{JOB}}})", "validation")],
+            description="Mean reward of the last validation run (data.validation: every record once at "
+            "temperature 0, by rollout replica 0, every data.validateEverySteps trainer steps); the step "
+            "it ran after is asyncrl_validation_step. Empty for a job without a validation set.",
+        ),
         row("Trajectory queue"),
         panel(
             "Queue depth",

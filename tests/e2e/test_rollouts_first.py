@@ -13,6 +13,10 @@ the backlog, and thawing them after.
 
 Checked: the trainer goes on past the backlog, and both replicas ack a later version with the
 trainer's checksum; the trainer's log is not empty while it runs.
+
+The bus is an external nats-server that requires credentials (bus.nats.credentialsSecret; every process
+presents the user's .creds file as the operator's Secret mount gives it): a job on such a server trains.
+Refusals (wrong or missing creds) are tests/dataplane/test_bus_credentials.py's.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def job_spec(tmp: pathlib.Path) -> dict[str, Any]:
 
 @pytest.fixture
 def job(tmp_path: pathlib.Path) -> Iterator[localjob.LocalJob]:
-    j = localjob.LocalJob(tmp_path, "early", job_spec(tmp_path))
+    j = localjob.LocalJob(tmp_path, "early", job_spec(tmp_path), nats_credentials=True)
     try:
         yield j
     finally:

@@ -4,7 +4,10 @@
 Each process is started as its pod starts it (``python -m asyncrl_workloads.entrypoints.<role>
 --config job.json``, identity from env) in a process group of its own, so a signal reaches the whole
 "pod" (a rollout's vLLM engine processes too). A real nats-server and the seeded tiny model come with
-the job; the trainer writes its step log, which the tests read.
+the job; the trainer writes its step log, which the tests read. With ``nats_credentials`` the job's bus is
+an external nats-server that requires credentials (operator mode, asyncrl_testing.natsauth), named as
+``bus.nats`` {managed: false, url, credentialsSecret}, and every process presents a user's ``.creds`` file
+through ``ASYNCRL_NATS_CREDS``, as a pod presents the Secret the operator mounts.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from asyncrl_api import config
 from asyncrl_workloads import tinymodel
 from asyncrl_workloads.local import natsserver, process
 
-from asyncrl_testing import jobs, netfaults, procfs
+from asyncrl_testing import jobs, natsauth, netfaults, procfs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 Steps = list[dict[str, Any]]
+STOP_GRACE_S = 10.0
+"""Seconds ``LocalJob.stop`` gives all the job's processes together to exit on SIGTERM."""
 SNAPSHOTS_S = (90.0, 240.0)
 """Seconds into a wait at which ``LocalJob.wait`` records what every process is doing."""
 
@@ -37,12 +42,28 @@ SNAPSHOTS_S = (90.0, 240.0)
 class LocalJob:
     """The processes of one job, its nats-server and the trainer's step log."""
 
-    def __init__(self, tmp: pathlib.Path, name: str, spec: dict[str, Any]) -> None:
+    def __init__(
+        self, tmp: pathlib.Path, name: str, spec: dict[str, Any], nats_credentials: bool = False
+    ) -> None:
         """``spec``: merged over ``jobs.BASE_SPEC`` (the model path is filled in)."""
         self.tmp = tmp
         model = tinymodel.create_tiny_model(tmp / "model", seed=0)
-        self.nats = natsserver.start(store_dir=tmp / "nats", log_path=tmp / "nats.log")
-        full = jobs.deep_merge(jobs.BASE_SPEC, jobs.deep_merge(spec, {"model": {"path": str(model)}}))
+        self.creds: pathlib.Path | None = None
+        server_config = None
+        if nats_credentials:
+            auth = natsauth.Operator.create()
+            account = auth.account("asyncrl")
+            server_config = tmp / "nats-server.conf"
+            server_config.write_text(auth.server_config([account]))
+            self.creds = account.user(name).write_creds(tmp / "user.creds")
+        self.nats = natsserver.start(
+            store_dir=tmp / "nats", log_path=tmp / "nats.log", config_file=server_config
+        )
+        patch: dict[str, Any] = {"model": {"path": str(model)}}
+        if nats_credentials:
+            external = {"managed": False, "url": self.nats.url, "credentialsSecret": "nats-creds"}
+            patch["bus"] = {"nats": external}
+        full = jobs.deep_merge(jobs.BASE_SPEC, jobs.deep_merge(spec, patch))
         cfg = config.JobConfig(
             name=name, namespace="test", spec=full,
             endpoints=config.Endpoints(
@@ -63,6 +84,8 @@ class LocalJob:
             "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
             "ASYNCRL_ROLE": role, "ASYNCRL_METRICS_PORT": str(process.free_port()),
         }  # fmt: skip
+        if self.creds is not None:
+            env[config.NATS_CREDS_ENV] = str(self.creds)
         cpus = None
         if replica is None:
             env["ASYNCRL_STEP_LOG"] = str(self.steps_path)
@@ -150,14 +173,17 @@ class LocalJob:
         out.append(_busiest())
         return "\n".join(out)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every "pod", then SIGKILL what is left of each group after ``grace_s`` in all (the
+        tests' teardown: no test checks a graceful stop through here; 30 s per process cost CI ~2 min)."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 for sig in (signal.SIGCONT, signal.SIGTERM):
                     os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (vLLM engine processes)
         self.nats.stop()

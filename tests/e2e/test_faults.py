@@ -7,9 +7,10 @@ its own process group so a fault hits a whole "pod" (the rollout's vLLM engine p
   process) joins at a later version and acks the trainer's checksum.
 - SIGSTOP a rollout (frozen pod) while training and syncing: the trainer reports it dropped
   after the deadline and goes on; thawed, the replica rejoins at a later version.
-- SIGKILL the nats-server and start it again 8 s later, on its store (a NATS pod restarted) or on an
-  empty one (an emptyDir pod replaced): no process exits, each reconnects, training goes on with both
-  rollouts, no sample is trained twice; the trainer notices a lost store and counts what it held.
+- SIGKILL the nats-server and start it again 8 s later on an empty store (an emptyDir pod replaced; the
+  restart on its own store is test_bus.py's, for CI time): no process exits, each reconnects, training
+  goes on with both rollouts, no sample is trained twice; the trainer notices a lost store and counts
+  what it held.
 
 The trainer's own fault (SIGKILL between step and ack) belongs to the trainer's tests.
 """
@@ -140,10 +141,13 @@ def test_frozen_rollout_is_dropped_at_the_deadline_and_rejoins_when_thawed(job: 
     )
 
 
-@pytest.mark.parametrize("keep_store", [True, False], ids=["same-store", "store-lost"])
+@pytest.mark.parametrize("keep_store", [False], ids=["store-lost"])
 def test_a_nats_crash_is_ridden_through_without_a_restart_or_a_sample_trained_twice(
     job: localjob.LocalJob, keep_store: bool
 ) -> None:
+    """A restart on the same store is the milder case (nothing is created again); its whole-job run
+    (~1.5 min) was cut for CI time: tests/dataplane/test_bus.py rides publisher and consumer through a
+    crash on the same store, and `keep_store=True` still runs it here by hand."""
     everyone = ("trainer", "rollout-0", "rollout-1")
     job.wait("both rollouts in a sync", localjob.synced_with({"0", "1"}), timeout=RESTART_S, alive=everyone)
     before = job.steps()[-1]

@@ -262,14 +262,14 @@ class Parallelism(base.APIModel):
     """Model parallelism of the trainer. Data parallelism is derived: dp = total GPUs / (tp*pp*cp)."""
 
     tp: int = pydantic.Field(default=1, ge=1, le=64)
-    """Tensor parallel size (within a node). Must be 1 today: the fsdp2 backend shards over a 1-D
-    data-parallel mesh."""
+    """Tensor parallel size (backend megatron; must divide the trainer's processes and the model's
+    attention heads). 1 with fsdp2: it shards over a 1-D data-parallel mesh."""
     pp: int = pydantic.Field(default=1, ge=1, le=64)
-    """Pipeline parallel size (megatron only; must be 1 today)."""
+    """Pipeline parallel size. Must be 1 today (megatron's pipeline schedule is not built yet)."""
     cp: int = pydantic.Field(default=1, ge=1, le=64)
-    """Context parallel size. Must be 1 today (see tp)."""
+    """Context parallel size. Must be 1 today with either backend."""
     ep: int = pydantic.Field(default=1, ge=1, le=256)
-    """Expert parallel size for MoE models (megatron only; must be 1 today)."""
+    """Expert parallel size for MoE models. Must be 1 today (dense models only)."""
 
 
 _ALGORITHM_RULES = (
@@ -392,11 +392,19 @@ _TRAINER_RULES = (
         ),
     ),
     base.Rule(
-        cel="self.backend != 'megatron'",
-        message="backend megatron is not implemented yet (megatron-core needs CUDA in its forward and"
-        " Python >= 3.12): use fsdp2",
-        field_path=".backend",
-        check=lambda t: t.backend != "megatron",
+        cel="self.backend != 'megatron' || self.parallelism.pp == 1",
+        message="parallelism.pp must be 1 with backend megatron: its pipeline schedule is not built yet"
+        " (megatron-core's schedules allocate on CUDA, pipeline_parallel/schedules.py:596, and the"
+        " backend runs one model chunk per rank); use tp and data parallelism",
+        field_path=".parallelism.pp",
+        check=lambda t: t.backend != "megatron" or t.parallelism.pp == 1,
+    ),
+    base.Rule(
+        cel="self.backend != 'megatron' || (self.parallelism.cp == 1 && self.parallelism.ep == 1)",
+        message="parallelism.cp and parallelism.ep must be 1 with backend megatron: context parallelism and"
+        " mixture-of-experts models are not supported by its model conversion (dense Llama/Qwen2 only)",
+        field_path=".parallelism",
+        check=lambda t: t.backend != "megatron" or (t.parallelism.cp == 1 and t.parallelism.ep == 1),
     ),
     *(
         base.Rule(
@@ -410,8 +418,8 @@ _TRAINER_RULES = (
     ),
     base.Rule(
         cel="self.backend == 'megatron' || (self.parallelism.pp == 1 && self.parallelism.ep == 1)",
-        message="pipeline (pp) and expert (ep) parallelism need backend megatron, which is not"
-        " implemented yet: leave them 1",
+        message="pipeline (pp) and expert (ep) parallelism are not implemented with backend fsdp2 (nor yet"
+        " with megatron): leave them 1",
         field_path=".parallelism",
         check=lambda t: t.backend == "megatron" or (t.parallelism.pp == 1 and t.parallelism.ep == 1),
     ),
@@ -440,8 +448,9 @@ class TrainerSpec(base.APIModel):
     backend: Annotated[
         Literal["fsdp2", "megatron"], pydantic.Field(json_schema_extra=base.immutable("trainer.backend"))
     ] = "fsdp2"
-    """Training backend: fsdp2 (torch FSDP2). megatron (megatron-core) is not implemented yet and is
-    refused. Immutable."""
+    """Training backend: fsdp2 (torch FSDP2, data parallel) or megatron (megatron-core GPTModel, tensor
+    parallel over parallelism.tp and data parallel over the rest; dense Llama/Qwen2-style models;
+    docs/megatron.md). Immutable."""
     parallelism: Parallelism = pydantic.Field(default_factory=Parallelism)
     """Model parallelism; dp is derived."""
     algorithm: AlgorithmSpec = pydantic.Field(default_factory=AlgorithmSpec)

@@ -99,7 +99,13 @@ def test_micro_batches_accumulate_to_the_same_step_on_one_and_two_ranks(tiny_mod
 # --- the trainer process: crash between step and ack, resume, nothing trained twice -------------
 
 
-def job_config(tmp_path: pathlib.Path, model: pathlib.Path, nats_url: str, max_steps: int) -> pathlib.Path:
+MEGATRON_TP2 = {"replicas": 2, "backend": "megatron", "parallelism": {"tp": 2}}
+"""trainer patch: megatron-core, tensor parallel over two processes (CPU: one per pod, gloo)."""
+
+
+def job_config(
+    tmp_path: pathlib.Path, model: pathlib.Path, nats_url: str, max_steps: int, trainer: dict | None = None
+) -> pathlib.Path:
     spec = jobs.deep_merge(
         jobs.BASE_SPEC,
         {
@@ -124,6 +130,7 @@ def job_config(tmp_path: pathlib.Path, model: pathlib.Path, nats_url: str, max_s
             "progress": {"reportIntervalSeconds": 1},
         },
     )
+    spec = jobs.deep_merge(spec, {"trainer": trainer or {}})
     cfg = config.JobConfig(
         name="crash",
         namespace="test",
@@ -172,35 +179,56 @@ def publish_groups(nats_url: str, groups: int) -> None:
 
 
 def run_trainer(
-    cfg: pathlib.Path, tmp_path: pathlib.Path, extra_env: dict[str, str]
+    cfg: pathlib.Path, tmp_path: pathlib.Path, extra_env: dict[str, str], world: int = 1
 ) -> subprocess.CompletedProcess:
-    env = {
-        k: v for k, v in env_for(0, 1, free_port()).items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    }
-    env.update(
-        ASYNCRL_STEP_LOG=str(tmp_path / "steps.jsonl"),
-        ASYNCRL_PROGRESS_FILE=str(tmp_path / "progress.json"),
-        ASYNCRL_METRICS_PORT="0",
-        **extra_env,
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "asyncrl_workloads.entrypoints.trainer", "--config", str(cfg)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """The trainer's entry point as its pods run it, `world` ranks (a lone process sets its own ranks).
+    Rank 0's outcome; when rank 0 dies the others are killed, as the operator recreates the whole gang
+    (a follower would otherwise wait in its next collective for gloo's timeout)."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = env_for(rank, world, port)
+        if world == 1:
+            env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env.update(
+            ASYNCRL_STEP_LOG=str(tmp_path / "steps.jsonl"),
+            ASYNCRL_PROGRESS_FILE=str(tmp_path / "progress.json"),
+            ASYNCRL_METRICS_PORT="0",
+            **extra_env,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "asyncrl_workloads.entrypoints.trainer", "--config", str(cfg)],
+                env=env,
+                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                text=True,
+            )
+        )
+    try:
+        out, err = procs[0].communicate(timeout=300)
+        for follower in procs[1:]:
+            if procs[0].returncode != 0:
+                follower.kill()
+            assert follower.wait(timeout=60) in (0, -signal.SIGKILL)
+    finally:
+        for proc in procs:
+            proc.kill()
+    return subprocess.CompletedProcess(procs[0].args, procs[0].returncode, out, err)
 
 
-def test_sigkill_between_step_and_ack_then_resume_trains_no_id_twice(tiny_model, nats_server, tmp_path):
-    cfg = job_config(tmp_path, tiny_model, nats_server.url, max_steps=6)
+@pytest.mark.parametrize(("trainer", "world"), [({}, 1), (MEGATRON_TP2, 2)], ids=["fsdp2", "megatron-tp2"])
+def test_sigkill_between_step_and_ack_then_resume_trains_no_id_twice(
+    tiny_model, nats_server, tmp_path, trainer, world
+):
+    cfg = job_config(tmp_path, tiny_model, nats_server.url, max_steps=6, trainer=trainer)
     publish_groups(nats_server.url, 14)  # 28 samples = 7 steps of 2 groups x 2 samples
-    crashed = run_trainer(cfg, tmp_path, {"ASYNCRL_FAULT_KILL_BEFORE_ACK_STEP": "3"})
+    crashed = run_trainer(cfg, tmp_path, {"ASYNCRL_FAULT_KILL_BEFORE_ACK_STEP": "3"}, world)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     first = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [r["step"] for r in first] == [1, 2]  # step 3 ran and was ledgered, but never logged/acked
 
-    resumed = run_trainer(cfg, tmp_path, {})
+    resumed = run_trainer(cfg, tmp_path, {}, world)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     second = records[len(first) :]
@@ -219,7 +247,8 @@ def test_sigkill_between_step_and_ack_then_resume_trains_no_id_twice(tiny_model,
 
 def test_two_trainer_ranks_run_the_loop_with_checkpoints_and_syncs(tiny_model, nats_server, tmp_path):
     """torchrun-style: rank 0 pulls and broadcasts each batch, rank 1 follows; both save checkpoints and
-    gather the full weights for every sync (the collectives line up, or the run would hang)."""
+    gather the full weights for every sync (the collectives line up, or the run would hang). Megatron's
+    two ranks do the same in the sigkill test above."""
     cfg = job_config(tmp_path, tiny_model, nats_server.url, max_steps=3)
     publish_groups(nats_server.url, 6)
     port = free_port()

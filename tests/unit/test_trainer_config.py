@@ -105,12 +105,39 @@ def test_settings_follow_the_spec_and_refuse_a_kl_term(tmp_path):
         main.train_settings(cfg)
 
 
-def test_the_megatron_backend_says_why_it_is_missing():
-    from asyncrl_workloads.trainer import backend
+def test_backend_megatron_builds_the_megatron_core_backend():
+    import torch
+    from asyncrl_workloads.trainer import backend, fsdp
 
     assert set(backend.BACKENDS) == {"fsdp2", "megatron"}
-    with pytest.raises(NotImplementedError, match="backend: megatron is not implemented yet"):
-        backend.BACKENDS["megatron"](backend.TrainSettings(model_path="/nowhere"), None)  # type: ignore[arg-type]
+    world = fsdp.World(rank=0, size=2, local_rank=0, device=torch.device("cpu"))
+    with pytest.raises(backend.Unsupported, match="^spec.trainer.parallelism.tp: 3 does not divide the 2 "):
+        backend.BACKENDS["megatron"](backend.TrainSettings(model_path="/nowhere", tp=3), world)
+
+
+@pytest.mark.parametrize(
+    ("config", "tp", "expected"),
+    [
+        ({"model_type": "gpt2"}, 1, "^spec.model.path: .*model_type 'gpt2': the megatron backend builds"),
+        ({"model_type": "llama", "hidden_act": "gelu"}, 1, "^spec.model.path: .*hidden_act 'gelu'"),
+        (
+            {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64},
+            4,
+            "^spec.trainer.parallelism.tp: num_key_value_heads 2 is not divisible by tensor parallel size 4",
+        ),
+    ],
+)
+def test_megatron_refuses_what_it_cannot_build_in_one_line_naming_the_field(tmp_path, config, tp, expected):
+    """Before any collective or weight read: the trainer turns it into its one-line termination message
+    (trainer/main.py: backend.Unsupported -> StartupError), which `kubectl describe arj` shows."""
+    import torch
+    from asyncrl_workloads.trainer import backend, fsdp
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # never read: the config is refused first
+    world = fsdp.World(rank=0, size=4, local_rank=0, device=torch.device("cpu"))
+    with pytest.raises(backend.Unsupported, match=expected):
+        backend.BACKENDS["megatron"](backend.TrainSettings(model_path=str(tmp_path), tp=tp), world)
 
 
 def test_a_blocking_queue_smaller_than_one_step_is_refused(tmp_path):

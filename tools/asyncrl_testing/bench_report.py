@@ -53,6 +53,8 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     # the judge: scored samples/s ÷ rateLimit.rps, 3 rounds of rps 4 and 8 (burst 2) (~4-7 min)
     "judge": ([f"{TOOLS}/bench_judge.py", "--rounds", "3"], "--json"),
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
+    # megatron TP=1 ÷ FSDP2: trainer step and the pre-sync gather, 9 ABBA rounds in one process (~1 min)
+    "megatron": ([f"{TOOLS}/bench_megatron.py", "--rounds", "9"], "--json"),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs
     # (~55 min): 12 left the interval of the median at 0.83-1.08 (samples), ±15% per 30 s window
     "paired": (
@@ -236,6 +238,34 @@ def _judge_rows(res: dict[str, Any] | None) -> list[list[str]]:
     ]
 
 
+def _megatron_rows(res: dict[str, Any] | None) -> list[list[str]]:
+    """The megatron benchmark (bench_megatron.py): MegatronBackend ÷ FSDP2Backend on one core."""
+    what = (
+        "megatron TP=1 ÷ FSDP2, trainer step time: the same tiny model, settings and batch (128 "
+        "samples, 2 mini-batches), one process, one thread, alternating order"
+    )
+    gather_what = (
+        "megatron ÷ FSDP2, `full_tensors` before a sync (the sender and the rollout's pause "
+        "are the same for both backends, so P3 does not depend on it)"
+    )
+    if not res:
+        return [["Megatron step", what, "", "— (report)", ""], ["Megatron sync", gather_what, "", "—", ""]]
+    rs = res["rounds"]
+    steps = ", ".join(str(r["step_ratio"]) for r in rs)
+    lo, hi = median_ci([r["step_ratio"] for r in rs])
+    gathers = ", ".join(str(r["gather_ratio"]) for r in rs)
+    glo, ghi = median_ci([r["gather_ratio"] for r in rs])
+    return [
+        ["Megatron step", what,
+         f"**{res['step_ratio']}** = median of {len(rs)} rounds ({steps}); 95% interval of the median "
+         f"{lo}–{hi}; medians {res['step_s']['megatron']} s ÷ {res['step_s']['fsdp2']} s", "— (report)", "—"],
+        ["Megatron sync", gather_what,
+         f"**{res['gather_ratio']}** = median of ({gathers}); 95% interval {glo}–{ghi}; medians "
+         f"{res['gather_ms']['megatron']} ms ÷ {res['gather_ms']['fsdp2']} ms for "
+         f"{res['settings']['model_bytes'] / 1e6:.1f} MB", "—", "—"],
+    ]  # fmt: skip
+
+
 def _verdict_ci(values: list[float], goal: float) -> tuple[str, str]:
     """(interval text, verdict) for a median of paired ratios against a lower bound ``goal``:
     pass or miss only when the whole 95% interval is on one side of it."""
@@ -349,6 +379,8 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         return _gateway_rows(res)
     if name == "judge":
         return _judge_rows(res)
+    if name == "megatron":
+        return _megatron_rows(res)
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:

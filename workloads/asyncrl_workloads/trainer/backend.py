@@ -1,4 +1,4 @@
-"""Trainer backends: the abstract interface the loop drives, FSDP2 (implemented) and megatron (stub).
+"""Trainer backends: the abstract interface the loop drives, FSDP2, and the map from spec.trainer.backend.
 
 Called by trainer/loop.py (step, full_tensors) and trainer/checkpoint.py (state). Every rank holds the
 same list of trajectories for a step; each rank trains its slice (rank::world) of every mini-batch, and
@@ -29,7 +29,7 @@ import dataclasses
 import importlib
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -62,9 +62,17 @@ class TrainSettings:
     """spec.teacher.klCoef; None when the job has no teacher (then no distillation term)."""
     dtype: str = "float32"
     """spec.model.dtype: what the model computes in on GPU (precision.choose; float32 on CPU)."""
+    tp: int = 1
+    """spec.trainer.parallelism.tp: tensor-parallel size (megatron only; fsdp2 admits 1)."""
     rollout_gpus: int = 0
     """spec.rollout.gpusPerReplica: 0 means CPU engines, which hold float32 weights; weight sync sends
     the engines' dtype (precision.engine_dtype)."""
+
+
+class Unsupported(ValueError):
+    """The job asks a backend for what it cannot build (a model architecture, a parallel layout); the
+    message starts with the spec field. trainer/main.py reports it in one line (the pod's termination
+    message, so `kubectl describe arj` shows it) instead of a traceback."""
 
 
 class TrainerBackend(abc.ABC):
@@ -149,15 +157,22 @@ class FSDP2Backend(TrainerBackend):
         model = transformers.AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
         model.to(world.device)
         self.model = fsdp.shard(model, world, self.precision.policy)
+        self._make_optimizer()
+
+    def _make_optimizer(self) -> None:
+        """The loss scaler, AdamW over self.model's parameters and the warmup schedule, from settings."""
+        s = self.settings
         self.scaler = torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler(
-            device=world.device.type, enabled=self.precision.loss_scaling
+            device=self.world.device.type, enabled=self.precision.loss_scaling
         )  # float16 only; disabled it passes every call through. All ranks share found-inf (all-reduced).
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
-        )
-        warmup = max(settings.warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        self.scheduler = self._schedule(self.optimizer)
+
+    def _schedule(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        """The learning rate: linear warmup over settings.warmup_steps steps, then constant."""
+        warmup = max(self.settings.warmup_steps, 0)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
 
     # --- log-probabilities ----------------------------------------------------------------------
@@ -170,25 +185,19 @@ class FSDP2Backend(TrainerBackend):
         logits = self.model(input_ids=input_ids, attention_mask=attention).logits.float()  # (B, L, V)
         logp = torch.log_softmax(logits[:, :-1] / self.settings.temperature, dim=-1)  # (B, L-1, V)
         token_logp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-        width = max(len(t.response_ids) for t in trajs)
-        index = torch.tensor(
-            [
-                [
-                    min(len(t.prompt_ids) - 1 + j, len(t.prompt_ids) + len(t.response_ids) - 2)
-                    for j in range(width)
-                ]
-                for t in trajs
-            ],
-            device=self.world.device,
-        )  # (B, R): position in token_logp of response token j
-        return token_logp.gather(1, index)  # (B, R)
+        return response_logprobs(token_logp, trajs)  # (B, R)
+
+    def _data_parallel(self) -> tuple[int, int]:
+        """(this rank's index, the number of ranks) among those that split each micro-batch's rows."""
+        return self.world.rank, self.world.size
 
     def _shard(self, trajs: list[trajectory_mod.Trajectory]) -> tuple[list[trajectory_mod.Trajectory], bool]:
-        mine = trajs[self.world.rank :: self.world.size]
+        rank, size = self._data_parallel()
+        mine = trajs[rank::size]
         return (mine, True) if mine else ([trajs[0]], False)
 
     def _micro(self, chunk: list[trajectory_mod.Trajectory]) -> list[list[trajectory_mod.Trajectory]]:
-        return micro_batches(chunk, self.settings.micro_batch_tokens, self.world.size)
+        return micro_batches(chunk, self.settings.micro_batch_tokens, self._data_parallel()[1])
 
     # --- the step -------------------------------------------------------------------------------
 
@@ -253,8 +262,7 @@ class FSDP2Backend(TrainerBackend):
                     )
                     part = part + kl_part
                     metrics.update(kl_metrics)
-                # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum
-                self.scaler.scale(part * self.world.size).backward()  # type: ignore[no-untyped-call]
+                self._backward(part)
                 value += float(part.detach())
                 tokens = float(mask.sum())
                 with torch.no_grad():
@@ -264,13 +272,7 @@ class FSDP2Backend(TrainerBackend):
                 for key, val in metrics.items():
                     weighted[key] = weighted.get(key, 0.0) + val * tokens
                 local_tokens += tokens
-            self.scaler.unscale_(self.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
-            norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            if math.isfinite(norm):  # the same global norm on every rank: all skip or all step
-                self.scaler.step(self.optimizer)
-            self.scaler.update()  # float16: a skipped update halves the loss scale
-            self.optimizer.zero_grad(set_to_none=True)
+            norm = self._update()
             chunk_metrics = {key: val / max(local_tokens, 1.0) for key, val in weighted.items()}
             chunk_metrics["skipped_updates"] = 0.0 if math.isfinite(norm) else float(len(chunks))
             chunk_metrics["loss"] = value
@@ -286,6 +288,23 @@ class FSDP2Backend(TrainerBackend):
         totals["samples"] = float(len(batch))
         totals["lr"] = float(self.scheduler.get_last_lr()[0])
         return totals
+
+    def _backward(self, part: torch.Tensor) -> None:
+        """Backward of one micro-batch's share of the loss; gradients accumulate."""
+        # FSDP2 averages gradients over ranks; scaling by world size turns that into the global sum
+        self.scaler.scale(part * self.world.size).backward()  # type: ignore[no-untyped-call]
+
+    def _update(self) -> float:
+        """Clip the accumulated gradients to settings.grad_clip, step the optimizer unless their global
+        norm is not finite, clear them; returns the norm before clipping (the same on every rank)."""
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        if math.isfinite(norm):  # the same global norm on every rank: all skip or all step
+            self.scaler.step(self.optimizer)
+        self.scaler.update()  # float16: a skipped update halves the loss scale
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
 
     # --- weights and state ----------------------------------------------------------------------
 
@@ -312,36 +331,39 @@ class FSDP2Backend(TrainerBackend):
             self.scaler.load_state_dict(state["scaler"])
 
 
-class MegatronBackend(TrainerBackend):
-    """megatron-core backend (tp/pp/cp/ep) - not implemented yet.
-
-    Why: megatron-core's GPTModel attention allocates on CUDA in forward, so it cannot run on the CPU
-    machines this project is tested on, and megatron-core >= 0.17 needs Python >= 3.12. The class keeps
-    the interface so the operator's `backend: megatron` maps to a clear error instead of a crash.
-    """
-
-    def __init__(self, settings: TrainSettings, world: fsdp.World) -> None:
-        raise NotImplementedError(
-            "spec.trainer.backend: megatron is not implemented yet (megatron-core's forward needs CUDA and "
-            "a Python >= 3.12 release); use backend: fsdp2"
-        )
-
-    def step(
-        self, batch: list[trajectory_mod.Trajectory], teacher: Mapping[str, Sequence[float]] | None = None
-    ) -> dict[str, float]:
-        raise NotImplementedError
-
-    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        raise NotImplementedError
-
-    def state(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+def _megatron(settings: TrainSettings, world: fsdp.World) -> TrainerBackend:
+    """trainer/megatron/backend.py's `create` (megatron's own DDP on CUDA), imported only for a megatron
+    job: megatron-core is pyproject's `megatron` extra, and that module builds on this one (FSDP2Backend's
+    step)."""
+    try:
+        module: Any = importlib.import_module("asyncrl_workloads.trainer.megatron.backend")
+    except ImportError as exc:
+        raise Unsupported(
+            f"spec.trainer.backend: megatron needs megatron-core in the trainer image (asyncrl's"
+            f" `megatron` extra): {exc}"
+        ) from exc
+    built: TrainerBackend = module.create(settings, world)
+    return built
 
 
-BACKENDS: dict[str, type[TrainerBackend]] = {"fsdp2": FSDP2Backend, "megatron": MegatronBackend}
+BACKENDS: dict[str, Callable[[TrainSettings, fsdp.World], TrainerBackend]] = {
+    "fsdp2": FSDP2Backend,
+    "megatron": _megatron,
+}
+"""spec.trainer.backend -> the backend's constructor (raises Unsupported for what it cannot build)."""
+
+
+def response_logprobs(token_logp: torch.Tensor, trajs: Sequence[trajectory_mod.Trajectory]) -> torch.Tensor:
+    """(B, R) logprobs of each row's response tokens (R = the longest response; a shorter row repeats
+    its last token's, masked later) from ``token_logp`` (B, L-1): position i holds the logprob of token
+    i + 1 of prompt + response."""
+    width = max(len(t.response_ids) for t in trajs)
+    rows = [
+        [min(len(t.prompt_ids) - 1 + j, len(t.prompt_ids) + len(t.response_ids) - 2) for j in range(width)]
+        for t in trajs
+    ]  # position in token_logp of response token j
+    index = torch.tensor(rows, device=token_logp.device)  # (B, R)
+    return token_logp.gather(1, index)
 
 
 def _masked_gap(logprobs: torch.Tensor, traj: trajectory_mod.Trajectory) -> float:

@@ -61,6 +61,7 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
         teacher_kl_coef=spec.teacher.kl_coef if spec.teacher is not None else None,
         dtype=spec.model.dtype,
         rollout_gpus=spec.rollout.gpus_per_replica,
+        tp=spec.trainer.parallelism.tp,
     )
 
 
@@ -221,7 +222,10 @@ def run(cfg: config_mod.JobConfig) -> None:
     bound = metrics_mod.bind(metrics_mod.Identity(cfg.namespace, cfg.name, "trainer", str(world.rank)))
     if world.local_rank == 0:  # one /metrics per pod (ranks of a pod would share the port)
         metrics_mod.serve(int(os.environ.get("ASYNCRL_METRICS_PORT", cfg.endpoints.metrics_port)))
-    backend = backend_mod.BACKENDS[spec.trainer.backend](train_settings(cfg), world)
+    try:
+        backend = backend_mod.BACKENDS[spec.trainer.backend](train_settings(cfg), world)
+    except backend_mod.Unsupported as exc:
+        raise StartupError(str(exc)) from exc
     ck = spec.trainer.checkpoint
     checkpointer = checkpoint.Checkpointer(
         pathlib.Path(ck.path), ck.every_steps, ck.keep, world, model_path=spec.model.path

@@ -1,0 +1,210 @@
+"""A megatron-core GPTModel for a Llama/Qwen2-style Hugging Face model, on CPU (gloo) or on GPU.
+
+Called by the megatron backend (next) and the data-plane tests, after parallel.initialize. `build` makes
+one tensor-parallel rank's GPTModel from an Architecture (architecture.from_hf), `load_hf` puts the HF
+weights in it (convert.to_megatron), `hf_state` gathers them back (convert.to_hf), `token_logprobs` is
+the per-token log-probability the losses use (vocabulary-parallel).
+
+On GPU (`torch.cuda.is_available()`) the model is megatron's own: the local layer spec with its
+DotProductAttention and RotaryEmbedding. On CPU two of its modules allocate on CUDA, so two narrow
+adapters stand in, each a subclass installed on this model only (no megatron module is patched):
+  - SdpaAttention (through the layer spec's core_attention): DotProductAttention.forward takes its score
+    buffer from the global memory buffer, allocated on `torch.cuda.current_device()`
+    (transformer/dot_product_attention.py:189 -> utils.py:631), and a causal mask with no mask given
+    comes from get_default_causal_mask, `device="cuda"` (fusions/fused_softmax.py:327 ->
+    transformer/utils.py:35).
+  - CpuRotaryEmbedding (replaces GPTModel.rotary_pos_emb after construction; GPTModel builds its
+    RotaryEmbedding itself, gpt/gpt_model.py:160, not through a spec): RotaryEmbedding.get_emb moves
+    inv_freq to `torch.cuda.current_device()` when it is on CPU
+    (models/common/embeddings/rotary_pos_embedding.py:162).
+Both paths: weights initialised on CPU when there is no GPU (use_cpu_initialization), every fusion off
+(fused kernels are CUDA-only), dropout 0 (HF's configs have none, and the CPU RNG tracker cannot fork,
+parallel.py), float32 parameters unless `dtype` says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from asyncrl_workloads.trainer.megatron import architecture, convert, parallel
+
+with parallel.quiet_imports():
+    from megatron.core import tensor_parallel
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+    from megatron.core.models.gpt import gpt_layer_specs, gpt_model
+    from megatron.core.transformer import dot_product_attention, spec_utils, transformer_config
+
+Arch = architecture.Architecture
+
+
+class SdpaAttention(dot_product_attention.DotProductAttention):  # type: ignore[misc]  # untyped base
+    """Causal core attention through torch's scaled_dot_product_attention (CPU path; see module doc).
+
+    Inputs are megatron's (s, b, heads, d) tensors with GQA key/value heads; padding is on the right,
+    so a causal mask is the whole mask (the attention_mask argument is ignored)."""
+
+    def forward(
+        self,
+        query: torch.Tensor,  # (sq, b, np, d)
+        key: torch.Tensor,  # (sk, b, ng, d)
+        value: torch.Tensor,  # (sk, b, ng, d)
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("SdpaAttention: packed sequences and attention bias are not built")
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, heads, s, d)
+        context = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=q.shape[1] != k.shape[1]
+        )  # (b, np, sq, d)
+        sq, b = query.shape[0], query.shape[1]
+        return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+class CpuRotaryEmbedding(rotary_pos_embedding.RotaryEmbedding):  # type: ignore[misc]  # untyped base
+    """megatron's RotaryEmbedding with inv_freq left where it is (CPU path; see module doc)."""
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        if self.rotary_interleaved:
+            raise NotImplementedError("CpuRotaryEmbedding: interleaved rotary is not built")
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)  # (s, d/2)
+        return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]  # (s, 1, 1, d)
+
+
+def config_for(
+    arch: Arch, tp: int = 1, dtype: torch.dtype = torch.float32
+) -> transformer_config.TransformerConfig:
+    cuda = torch.cuda.is_available()
+    return transformer_config.TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=not cuda,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        attention_softmax_in_fp32=True,
+        cuda_graph_scope=[],  # the default, "full", is deprecated and warns (transformer_config.py:1705)
+    )
+
+
+def layer_spec() -> spec_utils.ModuleSpec:
+    """megatron's local layer spec; on CPU its core attention is SdpaAttention."""
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    if not torch.cuda.is_available():
+        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    return spec
+
+
+def build(arch: Arch, tp: int = 1, dtype: torch.dtype = torch.float32, vocab_multiple: int = 128) -> Any:
+    """This rank's GPTModel (parallel.initialize first). Its logits are this rank's slice of the
+    vocabulary padded to arch.padded_vocab_size; token_logprobs reduces over TP and masks the padding."""
+    arch.check_tp(tp)
+    config = config_for(arch, tp, dtype)
+    model = gpt_model.GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(),
+        vocab_size=arch.padded_vocab_size(tp, vocab_multiple),
+        max_sequence_length=arch.max_position_embeddings,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,  # annotated int in megatron; RoPE's theta is a float (1e6, 5e5)
+    )
+    if not torch.cuda.is_available():
+        model.rotary_pos_emb = CpuRotaryEmbedding(
+            kv_channels=config.kv_channels,
+            rotary_percent=1.0,
+            rotary_base=arch.rope_theta,
+            use_cpu_initialization=True,
+            cp_group=model.rotary_pos_emb.cp_group,
+        )
+    return model
+
+
+def load_hf(
+    model: torch.nn.Module,
+    hf: Mapping[str, torch.Tensor],
+    arch: Arch,
+    tp: int = 1,
+    rank: int = 0,
+    vocab_multiple: int = 128,
+) -> None:
+    """Copy a HF state dict into this rank's GPTModel; every parameter is set, none left over."""
+    load_local(model, convert.to_megatron(hf, arch, tp, rank, vocab_multiple))
+
+
+def load_local(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy this rank's tensors under GPTModel names (convert.to_megatron's) into it, cast to its dtype;
+    every parameter is set, none left over."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(f"megatron load: missing {missing}, unexpected {unexpected}")
+
+
+def hf_state(model: torch.nn.Module, arch: Arch) -> dict[str, torch.Tensor]:
+    """The whole model in HF names and layouts, on every TP rank: each tensor all-gathered over the TP
+    group (collective: every TP rank calls it), then convert.to_hf. For weight sync and export."""
+    return gather_hf(model.state_dict(), arch)
+
+
+def gather_hf(local: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torch.Tensor]:
+    """This TP rank's tensors under GPTModel state-dict names (the weights, or anything shaped like them:
+    AdamW's moments) -> the whole set in HF names and layouts, on every TP rank (collective)."""
+    group = parallel.tp_group()
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(parallel.tp_size())]
+    for name, t in local.items():
+        if name.endswith("_extra_state"):
+            continue
+        copies = [torch.empty_like(t) for _ in shards]
+        torch.distributed.all_gather(copies, t.contiguous(), group=group)
+        for shard, copy in zip(shards, copies, strict=True):
+            shard[name] = copy
+    return convert.to_hf(shards, arch)
+
+
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, vocab_size: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """(B, T) right-padded ids -> (B, T-1): log p(input_ids[:, t+1] | input_ids[:, :t+1]) under
+    log_softmax(logits / temperature) in float32, as the FSDP2 backend computes it, with autograd.
+
+    The logits stay split over the vocabulary (parallel_output): gathering them would allocate on CUDA
+    (tensor_parallel/mappings.py:91) and cost V/tp times the memory; megatron's
+    vocab_parallel_cross_entropy reduces the softmax over TP instead. Padded vocabulary columns
+    (convert._pad_vocab) are masked to -inf first, so they take no probability."""
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    local = model(input_ids=input_ids, position_ids=positions, attention_mask=None)  # (B, T, V'/tp)
+    scores = local[:, :-1].float() / temperature  # (B, T-1, V'/tp)
+    width = scores.shape[-1]
+    first = parallel.tp_rank() * width  # global id of this rank's first vocabulary column
+    padding = torch.arange(first, first + width, device=scores.device) >= vocab_size  # (V'/tp,)
+    scores = scores.masked_fill(padding, float("-inf"))
+    nll: torch.Tensor = tensor_parallel.vocab_parallel_cross_entropy(scores, input_ids[:, 1:])  # (B, T-1)
+    return -nll

@@ -196,6 +196,21 @@ def wait_published(host: Any, served: Served, count: int) -> None:
     host.run(wait(), timeout=60)
 
 
+def wait_group(host: Any, served: Served, group: dict[str, Any]) -> list[trajectory_mod.Trajectory]:
+    """The trajectories of ``group`` (a session whose calls do not continue each other makes several),
+    once all are published. A group is published after the /rl/end that completes it has answered, so an
+    earlier test's group may still land meanwhile: select by id, never by position."""
+    mine: list[trajectory_mod.Trajectory] = []
+
+    async def wait() -> None:
+        while not mine or len(mine) < mine[0].group_size:
+            mine[:] = [t for t in served.published if t.group_id == group["group_id"]]
+            await asyncio.sleep(0.02)
+
+    host.run(wait(), timeout=60)
+    return mine
+
+
 # ---- tests -------------------------------------------------------------------------------------------
 
 
@@ -204,7 +219,6 @@ def test_a_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
 ) -> None:
     import transformers
 
-    before = len(gw.published)
     group = open_group(gw)
     assert group["record"]["prompt"] == "secret?" and group["messages"] == [
         {"role": "user", "content": "secret?"}
@@ -220,8 +234,7 @@ def test_a_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
         status, ended, _ = post(session_url(session, "/rl/end"), {}, session["api_key"])
         assert status == 200 and ended["trajectories"] == 1
     assert ended["group_complete"]
-    wait_published(host, gw, before + 2)
-    trajectories = gw.published[before:]
+    trajectories = wait_group(host, gw, group)
     assert {t.group_size for t in trajectories} == {2} and len({t.group_id for t in trajectories}) == 1
     assert sorted(t.sample_index for t in trajectories) == [0, 1]
     model = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
@@ -245,8 +258,9 @@ def test_a_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
         assert all(lp == 0.0 for lp, m in zip(traj.behaviour_logprobs, traj.mask, strict=True) if m == 0)
 
 
-def test_streaming_sends_the_text_as_it_comes_and_tool_calls_whole(gw: Served) -> None:
-    (session,) = open_group(gw, n=1)["sessions"]
+def test_streaming_sends_the_text_as_it_comes_and_tool_calls_whole(host: Any, gw: Served) -> None:
+    group = open_group(gw, n=1)
+    (session,) = group["sessions"]
     sdk = client(session)
     messages = [{"role": "user", "content": "hello"}]
     usage = {"include_usage": True}
@@ -265,11 +279,13 @@ def test_streaming_sends_the_text_as_it_comes_and_tool_calls_whole(gw: Served) -
     assert [(d.index, d.function.name) for d in calls] == [(0, "lookup")]
     assert streamed[-1].choices[0].finish_reason == "tool_calls"
     assert post(session_url(session, "/rl/end"), {}, session["api_key"])[0] == 200
+    # three calls from the same messages: none continues another, so each is a trajectory of the group
+    assert len(wait_group(host, gw, group)) == 3
 
 
 def test_the_completions_api_continues_a_prompt_by_token_ids(host: Any, gw: Served) -> None:
-    before = len(gw.published)
-    (session,) = open_group(gw, n=1, record=None)["sessions"]
+    group = open_group(gw, n=1, record=None)
+    (session,) = group["sessions"]
     sdk = client(session)
     first = sdk.completions.create(
         model="m", prompt=[5, 6, 7, 8], max_tokens=4, extra_body={"return_token_ids": True}
@@ -280,8 +296,7 @@ def test_the_completions_api_continues_a_prompt_by_token_ids(host: Any, gw: Serv
     assert second.usage.prompt_tokens == 6 + len(generated)
     post(session_url(session, "/rl/reward"), {"reward": 1.0}, session["api_key"])  # the last call
     assert post(session_url(session, "/rl/end"), {}, session["api_key"])[2] is not None
-    wait_published(host, gw, before + 1)
-    (traj,) = gw.published[before:]
+    (traj,) = wait_group(host, gw, group)
     assert traj.prompt_ids == [5, 6, 7, 8]
     k, m = len(generated), second.usage.completion_tokens
     assert traj.response_ids[: k + 2] == [*generated, 9, 10] and traj.mask == [1] * k + [0, 0] + [1] * m
@@ -291,7 +306,6 @@ def test_the_completions_api_continues_a_prompt_by_token_ids(host: Any, gw: Serv
 def test_32_concurrent_sessions_are_each_published_once_and_the_accounting_closes(
     host: Any, gw: Served
 ) -> None:
-    before = len(gw.published)
     m = gw.gateway.m
     started, ended = m.gateway_sessions["started"]._value.get(), m.gateway_sessions["ended"]._value.get()
     groups = [open_group(gw, n=4) for _ in range(8)]
@@ -312,8 +326,10 @@ def test_32_concurrent_sessions_are_each_published_once_and_the_accounting_close
         await asyncio.gather(*(agent(g, s) for g in groups for s in g["sessions"]))
 
     asyncio.run(agents())
-    wait_published(host, gw, before + 32)
-    new = gw.published[before:]
+    for g in groups:
+        wait_group(host, gw, g)
+    ids = {g["group_id"] for g in groups}
+    new = [t for t in gw.published if t.group_id in ids]  # a session published twice would show here
     assert len(new) == 32 and len({t.id for t in new}) == 32
     by_group: dict[str, list[int]] = {}
     for t in new:

@@ -138,7 +138,7 @@ class Gateway:
             )
         index, record = started
         group.record = record
-        group.id = f"g{index}"
+        group.id = self.worker.group_id(index)  # the id its trajectories carry on the bus
         if record is not None:
             try:
                 messages = self.chat.messages(record)

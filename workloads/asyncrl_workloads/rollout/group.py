@@ -97,18 +97,23 @@ def _log_reward_error(exc: Exception, index: int, i: int) -> None:
         log.warning("reward failed on group %d sample %d (%s: %s); sample dropped", index, i, kind, exc)
 
 
+def group_id(job: str, replica: int, key: str) -> str:
+    """The id every trajectory of a group carries on the bus (and the gateway's /rl/groups answers)."""
+    return f"{job}:r{replica}:{key}"
+
+
 def trajectories(
     kept: Sequence[tuple[int, Sample, float]], job: str, replica: int, key: str
 ) -> list[trajectory_mod.Trajectory]:
     """The group's trajectories; ``key`` (incarnation.index) makes their ids unique and stable, and
     ``sample_index`` counts kept samples (< group_size)."""
-    group_id = f"{job}:r{replica}:{key}"
+    group_id_ = group_id(job, replica, key)
     return [
         trajectory_mod.Trajectory(
             id=trajectory_mod.trajectory_id(job, replica, key, i),
             job=job,
             replica=replica,
-            group_id=group_id,
+            group_id=group_id_,
             group_size=len(kept),
             sample_index=j,
             prompt_ids=c.prompt_ids,

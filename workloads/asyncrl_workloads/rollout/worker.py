@@ -184,6 +184,13 @@ class RolloutWorker:
             current = self._idle_total + (now - self._idle_since if self._idle_since else 0.0)
             self.m.rollout_idle.set(current / wall)
 
+    def group_key(self, index: int) -> str:
+        """incarnation.index: unique across this replica's restarts, so trajectory ids never repeat."""
+        return f"{self.incarnation}.{index}"
+
+    def group_id(self, index: int) -> str:
+        return group_mod.group_id(self.s.job, self.s.replica, self.group_key(index))
+
     def start_group(
         self,
         samples: Callable[[], Awaitable[list[group_mod.Sample]]],
@@ -231,7 +238,7 @@ class RolloutWorker:
                     samples = await self._generate(index, record)
             finally:
                 self._generating.discard(task)
-            key = f"{self.incarnation}.{index}"
+            key = self.group_key(index)
             kept = await group_mod.score(samples, record, self.scorer, self.m, index)
             for traj in group_mod.trajectories(kept, self.s.job, self.s.replica, key):
                 self.m.tokens_generated.inc(sum(traj.mask))

@@ -6,6 +6,7 @@
 #   kwok                                                             <- sigs.k8s.io/kwok/cmd/kwok
 #   helm                                                             <- helm.sh/helm/v3/cmd/helm
 #   kueue (manager + its CRDs and webhook manifests)                 <- sigs.k8s.io/kueue/cmd/kueue
+#   kube-score (static review of rendered objects, tests/unit)       <- github.com/zegl/kube-score/cmd/kube-score
 #   gangcrds: the PodGroup CRDs of scheduler-plugins (shipped in sigs.k8s.io/scheduler-plugins) and of
 #     Volcano (generated from volcano.sh/apis by controller-gen, as Volcano's own Makefile does: the
 #     volcano.sh/volcano module that carries the YAML is not served by the proxy)
@@ -17,6 +18,7 @@ ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.21.4}
 KUEUE_VERSION=${KUEUE_VERSION:-v0.17.0}
+KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0}
 # The scheduler-plugins version Kueue v0.17.0's go.mod requires: the proxy serves it (release tags such
 # as v0.35.0 are refused here).
 SCHED_PLUGINS_VERSION=${SCHED_PLUGINS_VERSION:-v0.34.1-devel}
@@ -115,6 +117,15 @@ build_helm() {
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+build_kubescore() {
+  local bin="$CACHE/kube-score-$KUBE_SCORE_VERSION"
+  [ -x "$bin/kube-score" ] && return
+  need_room
+  mkdir -p "$bin"
+  GOBIN="$bin" run_logged kubescore-install go install -trimpath \
+    -ldflags "-s -w -X main.version=${KUBE_SCORE_VERSION#v}" "github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
+}
+
 module_dir() {  # module@version -> its directory in the module cache (downloaded on a miss)
   go mod download -json "$1" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("Dir") or sys.exit(d.get("Error")))'
 }
@@ -152,7 +163,7 @@ build_gangcrds() {
   rm -rf "$out"; mv "$out.tmp" "$out"
 }
 
-components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm k8s gangcrds kueue)
+components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm kubescore k8s gangcrds kueue)
 for c in "${components[@]}"; do
   start=$(date +%s)
   ( "build_$c" ) || exit 1

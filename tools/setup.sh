@@ -4,7 +4,10 @@
 #      minus torchvision/torchaudio/torchcodec (their PyPI builds break `import transformers` beside CPU torch);
 #   2. Debian packages the tests use (prometheus, for the real Prometheus + promtool);
 #   3. the control-plane binaries (etcd, kube-*, kubectl, kwok, helm) and the gang-scheduling parts (Kueue's
-#      manager, the PodGroup CRDs) built from Go modules on a cache miss.
+#      manager, the PodGroup CRDs) built from Go modules on a cache miss;
+#   4. the operator, rollout and trainer images (tools/build-images: buildah/podman/runc/mmdebstrap from
+#      Debian, storage and layer cache in ~/.cache/asyncrl/containers). Where no engine can be installed,
+#      setup says why and goes on (the image smoke tests skip with that reason); a failing build fails setup.
 # A second run only checks stamps and finishes in seconds.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,4 +64,31 @@ fi
 
 # --- 3. Control-plane binaries (cached outside the repo, keyed by version) --------------------------
 tools/build-cluster-bins.sh
+
+# --- 4. Container images (tools/build-images; layer cache outside the repo, warm run: seconds) --------
+container_tools=(buildah podman runc mmdebstrap)
+missing=()
+for tool in "${container_tools[@]}"; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: ${missing[*]} missing and setup is not root: images not built (apt-get install ${missing[*]})" >&2
+  else
+    export DEBIAN_FRONTEND=noninteractive
+    for i in $(seq 1 60); do fuser /var/lib/dpkg/lock-frontend >/dev/null 2>&1 || break; sleep 2; done
+    # --no-install-recommends brings buildah without a runtime: runc is named (crun fails on hybrid cgroups)
+    (apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/asyncrl-apt.log 2>&1 \
+      || { apt-get update -q >>/tmp/asyncrl-apt.log 2>&1 \
+           && apt-get install -y -q --no-install-recommends "${missing[@]}" >>/tmp/asyncrl-apt.log 2>&1; }) \
+      && echo "setup: ${missing[*]} installed" >&2 \
+      || { tail -n 5 /tmp/asyncrl-apt.log >&2
+           echo "setup: apt-get install ${missing[*]} failed (log /tmp/asyncrl-apt.log): images not built" >&2; }
+  fi
+fi
+if why=$(PYTHONPATH=operator:workloads:tools .venv/bin/python -m asyncrl_testing.images env 2>&1 >/dev/null); then
+  start=$(date +%s)
+  tools/build-images || die "tools/build-images failed (its log is named above)"
+  echo "setup: images ready ($(( $(date +%s) - start ))s)" >&2
+else
+  echo "setup: images not built: $why (the image smoke tests skip)" >&2
+fi
 echo "setup: done" >&2

@@ -28,8 +28,12 @@ child name, pod name and controller-revision-hash label within 63 characters."""
 
 Mode = Literal["async", "one-step-off", "sync"]
 DEFAULT_MAX_STALENESS: dict[str, int] = {"async": 2, "one-step-off": 1, "sync": 0}
-RESERVED_VOLUME_NAMES = ("asyncrl-config", "dshm", "store")
-RESERVED_MOUNT_PATHS = ("/etc/asyncrl", "/dev/shm")
+RESERVED_VOLUME_NAMES = (
+    "asyncrl-config", "dshm", "store", "asyncrl-tmp", "asyncrl-home", "asyncrl-checkpoints", "asyncrl-model",
+)  # fmt: skip
+RESERVED_MOUNT_PATHS = ("/etc/asyncrl", "/dev/shm", "/tmp", "/home/asyncrl")
+"""Mounted by the operator in every workload pod (the config, /dev/shm, and the emptyDirs of a read-only
+root: asyncrl_operator.render.security); a volume of the job may sit below them, not on them."""
 BUILTIN_TASKS = ("lookup", "say_char")
 """The synthetic tasks `data.prompts: builtin:<task>` may name (asyncrl_workloads.tasks.source.BUILTIN_TASKS;
 a unit test keeps the two equal)."""

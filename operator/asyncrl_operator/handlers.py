@@ -73,6 +73,7 @@ async def _resync_forever(memo: kopf.Memo) -> None:
             except Exception:
                 log.exception("resync: listing jobs failed")
                 continue
+            metrics.mark_listed()  # /readyz
             for body in jobs:
                 meta = body["metadata"]
                 if not reconcile.due_for_resync(meta["namespace"], meta["name"], interval):

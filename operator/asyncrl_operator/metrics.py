@@ -1,6 +1,9 @@
-"""The operator's Prometheus metrics (the README's Metrics table) and the HTTP server that exposes them.
+"""The operator's Prometheus metrics (the README's Metrics table) and the HTTP server that exposes them,
+with the readiness probe's /readyz.
 
-Called by ``asyncrl_operator.reconcile`` (timings, errors, phases, restarts) and ``main`` (server).
+Called by ``asyncrl_operator.reconcile`` (timings, errors, phases, restarts), ``handlers`` (each
+successful resync listing, which /readyz reads) and ``main`` (server). Liveness is kopf's own /healthz
+on its health port: it answers from the event loop that runs the watches, so a wedged loop fails it.
 Labels are bounded: ``phase`` has 7 values and ``role`` 2; no per-job label (a job-level view comes
 from the workloads' own metrics and the AsyncRLJob status).
 """
@@ -9,9 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import time
+import wsgiref.simple_server
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import prometheus_client
+import prometheus_client.exposition
 from asyncrl_api import status as api_status
 
 REGISTRY = prometheus_client.CollectorRegistry()
@@ -81,6 +88,44 @@ def reconcile_timer() -> Iterator[None]:
             raise
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve /metrics on a background thread."""
-    prometheus_client.start_http_server(port, addr=addr, registry=REGISTRY)
+_listed_at: float | None = None
+
+
+def mark_listed() -> None:
+    """The resync loop listed the watched jobs: the API server answers and the RBAC lets it read."""
+    global _listed_at
+    _listed_at = time.monotonic()
+
+
+def ready(window: float) -> bool:
+    """Ready: a resync listing succeeded within the last ``window`` seconds."""
+    return _listed_at is not None and time.monotonic() - _listed_at <= window
+
+
+def probes_app(metrics: Callable[..., Iterable[bytes]], window: float) -> Callable[..., Iterable[bytes]]:
+    """/readyz (200 when ``ready(window)``, else 503); everything else prometheus-client's app."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/readyz":
+            return metrics(environ, start_response)
+        if ready(window):
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ready\n"]
+        start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [f"not ready: no successful listing of jobs in the last {window:.0f}s\n".encode()]
+
+    return app
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """No access log for probes and scrapes."""
+
+
+def serve(port: int, ready_window: float, addr: str = "0.0.0.0") -> None:
+    """Serve /metrics and /readyz on a background thread (prometheus-client's threading WSGI server)."""
+    app = probes_app(prometheus_client.make_wsgi_app(REGISTRY), ready_window)
+    server = wsgiref.simple_server.make_server(
+        addr, port, app, prometheus_client.exposition.ThreadingWSGIServer, handler_class=_QuietHandler
+    )
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

@@ -1,7 +1,8 @@
 """Fixtures for tests against the real control plane (tools/asyncrl_testing/cluster.py).
 
-- `cluster`: one cluster per test session (etcd, apiserver, controller-manager, scheduler, kwok with fake
-  GPU nodes). Missing binaries fail the session with the build command; they never skip.
+- `cluster` (asyncrl_testing/cluster_fixture.py, loaded by tests/conftest.py, shared with tests/images):
+  one cluster per test session (etcd, apiserver, controller-manager, scheduler, kwok with fake GPU
+  nodes). Missing binaries fail the session with the build command; they never skip.
 - `kubectl`, `helm`: run the real binaries with the cluster's admin kubeconfig (CompletedProcess back;
   `check=True` raises with stderr on a non-zero exit).
 - `namespace`: a fresh namespace per test, deleted afterwards.
@@ -11,8 +12,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import secrets
 from collections.abc import Callable, Iterator
@@ -20,36 +19,9 @@ from typing import Any, TypeVar
 
 import pytest
 from asyncrl_testing import cluster as cluster_mod
-from asyncrl_testing import cluster_bins, cluster_process, cluster_wait
+from asyncrl_testing import cluster_wait
 
 T = TypeVar("T")
-_READY_KEY = pytest.StashKey[str]()
-
-
-@pytest.fixture(scope="session")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
-) -> Iterator[cluster_mod.Cluster]:
-    gpu_nodes = int(os.environ.get("ASYNCRL_TEST_GPU_NODES", "2"))
-    with contextlib.ExitStack() as stack:
-        failure = None
-        try:
-            c = stack.enter_context(cluster_mod.start_cluster(tmp_path_factory.mktemp("cluster"), gpu_nodes))
-        except (cluster_process.ComponentNotReady, cluster_bins.MissingBinaries) as exc:
-            failure = f"test cluster did not start: {exc}"
-        if failure is not None:  # outside the except block: one clear message, no chained traceback
-            pytest.fail(failure, pytrace=False)
-        steps = ", ".join(f"{name} {secs:.1f}s" for name, secs in c.timings.items())
-        pytestconfig.stash[_READY_KEY] = (
-            f"test cluster ready in {c.ready_seconds:.1f}s ({steps}); logs in {c.workdir}"
-        )
-        yield c
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    line = config.stash.get(_READY_KEY, None)
-    if line:
-        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -124,6 +124,7 @@ def test_install_creates_every_object(release: str, helm: Any, kubectl: Any) -> 
         "ClusterRoleBinding",
         "Service",
         "Deployment",
+        "NetworkPolicy",
         "ConfigMap",
         "ServiceMonitor",
         "PodMonitor",
@@ -183,6 +184,20 @@ def test_upgrade_with_a_changed_crd_updates_it(
 def test_namespaced_install_grants_a_role_in_one_namespace(
     release: str, helm: Any, kubectl: Any, namespace: str
 ) -> None:
+    """...in a namespace that enforces the restricted Pod Security Standard: `--wait` sees the operator
+    pod Ready, so the API server admitted it (a privileged pod in the same namespace is refused)."""
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    refused = kubectl(
+        "run",
+        "privileged",
+        "-n",
+        namespace,
+        "--image=busybox:1.36",
+        "--privileged",
+        "--dry-run=server",
+        check=False,
+    )
+    assert 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
     name = "asyncrl-ns"
     helm(
         "install",
@@ -209,7 +224,14 @@ def test_namespaced_install_grants_a_role_in_one_namespace(
             "RoleBinding",
             "Service",
             "Deployment",
+            "NetworkPolicy",
         }
+        operator_pods = json.loads(
+            kubectl(
+                "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=operator", "-o", "json"
+            ).stdout
+        )["items"]
+        assert len(operator_pods) == 1 and operator_pods[0]["status"]["phase"] == "Running"
         sa = f"system:serviceaccount:{namespace}:asyncrl-ns-asyncrl-operator"
         can = kubectl(
             "auth", "can-i", "patch", "asyncrljobs.asyncrl.dev", "-n", namespace, "--as", sa, check=False

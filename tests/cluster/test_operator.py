@@ -1,6 +1,7 @@
-"""The operator on the real control plane: apply -> children -> kwok pods Running -> status Running,
-printer columns, scale, gang restart, single rollout replacement, suspend/resume, maxSteps, TTL,
-Stalled, garbage collection, and a crash-restarted operator that creates no duplicates."""
+"""The operator on the real control plane: apply -> children -> kwok pods Running -> status Running
+(in a namespace enforcing the restricted Pod Security Standard), printer columns, scale, gang restart,
+single rollout replacement, suspend/resume, maxSteps, TTL, Stalled, garbage collection, and a
+crash-restarted operator that creates no duplicates."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +23,14 @@ from asyncrl_workloads import tinymodel
 
 pytestmark = pytest.mark.cluster
 
-CHILD_KINDS = "configmap,service,serviceaccount,role,rolebinding,networkpolicy,statefulset"
+CHILD_KINDS = (
+    "configmap,service,serviceaccount,role,rolebinding,networkpolicy,poddisruptionbudget,statefulset"
+)
+RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
+BASE_JOB_CHILDREN = 14
+"""jobs.make_job's children of CHILD_KINDS: ConfigMap, 3 Services (rollout, trainer, NATS), ServiceAccount,
+Role, RoleBinding, 2 NetworkPolicies (the job's, the trainer's egress), 2 PodDisruptionBudgets and 3
+StatefulSets (rollout, trainer, NATS)."""
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +63,18 @@ def running_pods(
     )
 
 
-def wait_phase(cluster: Any, namespace: str, job: str, phase: str, timeout: float = 90) -> Any:
+def wait_phase(
+    cluster: Any, namespace: str, job: str, phase: str, timeout: float = 90, true: tuple[str, ...] = ()
+) -> Any:
+    """The job's status once in `phase` with the conditions `true` True (Running comes with one ready
+    rollout: RolloutReady may turn True a moment later)."""
     try:
         return cluster_wait.wait_until(
             lambda: job_status(cluster, namespace, job),
-            lambda st: st.get("phase") == phase,
-            f"{job} phase {phase}",
+            lambda st: (
+                st.get("phase") == phase and all(condition(st, kind).get("status") == "True" for kind in true)
+            ),
+            f"{job} phase {phase}" + (f" with {', '.join(true)}" if true else ""),
             timeout=timeout,
         )
     except cluster_wait.WaitTimeout as exc:
@@ -162,13 +177,40 @@ def test_the_examples_rendered_rollout_passes_its_own_start_up_checks(cluster, n
     assert last.startswith("asyncrl-rollout: endpoints.natsUrl: cannot reach NATS"), done.stderr[-3000:]
 
 
+def refused_privileged_pod(cluster: Any, namespace: str) -> str:
+    """What the API server says to a privileged pod in ``namespace`` (server-side dry run: admission runs,
+    nothing is stored): proof that the PodSecurity admission plugin enforces the namespace's label."""
+    done = cluster.kubectl(
+        "run",
+        "privileged",
+        "-n",
+        namespace,
+        "--image=busybox:1.36",
+        "--privileged",
+        "--dry-run=server",
+        check=False,
+    )
+    assert done.returncode != 0, (
+        "a privileged pod was admitted: the namespace enforces no Pod Security Standard"
+    )
+    return str(done.stderr)
+
+
 def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, namespace, operator):
+    # Every pod of the job (rollout, trainer, managed NATS) must meet the restricted Pod Security
+    # Standard: the StatefulSet controller's creates go through the PodSecurity admission plugin, and
+    # a refused pod would leave a FailedCreate event and never run.
+    cluster.kubectl("label", "namespace", namespace, RESTRICTED)
+    assert 'violates PodSecurity "restricted:latest"' in refused_privileged_pod(cluster, namespace)
     bind_storage(cluster, namespace, "rl-storage")
     cluster.kubectl("apply", "-n", namespace, "-f", str(jobs.EXAMPLES / "job.yaml"))
     expected = sorted(
         [
             ("ConfigMap", "math-config"),
             ("NetworkPolicy", "math-net"),
+            ("NetworkPolicy", "math-trainer-egress"),
+            ("PodDisruptionBudget", "math-rollout"),
+            ("PodDisruptionBudget", "math-trainer"),
             ("Role", "math-trainer"),
             ("RoleBinding", "math-trainer"),
             ("Service", "math-nats"),
@@ -201,9 +243,12 @@ def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, name
     running_pods(cluster, namespace, "math", "rollout", 2)
     running_pods(cluster, namespace, "math", "trainer", 1)
     running_pods(cluster, namespace, "math", "nats", 1)
-    status = wait_phase(cluster, namespace, "math", "Running")
-    for kind in ("Ready", "TrainerReady", "RolloutReady", "BusReady", "Progressing"):
-        assert condition(status, kind).get("status") == "True", (kind, status)
+    refused = get_json(cluster, "events", "-n", namespace, "--field-selector=reason=FailedCreate")["items"]
+    assert refused == [], [e["message"] for e in refused]
+    ready_kinds = ("Ready", "TrainerReady", "RolloutReady", "BusReady", "Progressing")
+    status = wait_phase(cluster, namespace, "math", "Running", true=ready_kinds)
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/readyz", timeout=5) as ready:
+        assert ready.status == 200  # the chart's readiness probe: its resync loop lists jobs
     assert condition(status, "InvalidSpec").get("status") == "False"
     assert status["observedGeneration"] == job["metadata"]["generation"]
 
@@ -347,7 +392,7 @@ def test_max_steps_succeeds_and_ttl_deletes_the_job_and_its_children(cluster, na
 
 def test_deleting_a_job_garbage_collects_everything(cluster, namespace, operator):
     start_job(cluster, namespace)
-    assert len(children(cluster, namespace, "demo")) == 11
+    assert len(children(cluster, namespace, "demo")) == BASE_JOB_CHILDREN
     cluster.kubectl("delete", "asyncrljob", "demo", "-n", namespace, "--wait=true", "--timeout=60s")
     cluster_wait.wait_until(
         lambda: (
@@ -405,7 +450,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace,
     operator.start()
     for name in names:
         wait_phase(cluster, namespace, name, "Running")
-        assert len(children(cluster, namespace, name)) == 11
+        assert len(children(cluster, namespace, name)) == BASE_JOB_CHILDREN
         running_pods(cluster, namespace, name, "trainer", 2)
         running_pods(cluster, namespace, name, "rollout", 2)
     assert len(pods(cluster, namespace, "crash0")) == 5  # 2 trainer + 2 rollout + 1 nats, no strays

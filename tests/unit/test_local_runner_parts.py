@@ -17,19 +17,11 @@ from asyncrl_testing import jobs
 from asyncrl_workloads import metrics
 from asyncrl_workloads.local import gateway, pods, progress, runner
 
-CONFIG_PATH = pathlib.Path("/runs/x/job.json")
-
-
-def _expand(body):
-    job = models.AsyncRLJob.model_validate(body)
-    manifests = render.render(job)
-    cfg = pods.localize_config(pods.job_json(manifests), "nats://127.0.0.1:4333", 31001, 31002, 31003)
-    ports = itertools.count(40000)
-    return cfg, pods.expand(manifests, CONFIG_PATH, cfg, lambda: next(ports))
+CONFIG_PATH = jobs.LOCAL_CONFIG_PATH
 
 
 def test_tiny_example_expands_to_one_trainer_and_two_rollouts_with_local_identity():
-    cfg, local = _expand(jobs.load_example("tiny-cpu.yaml"))
+    _, cfg, local = jobs.expand_locally(jobs.load_example("tiny-cpu.yaml"))
     assert [(p.name, p.role, p.replica) for p in local] == [
         ("tiny-trainer-0", "trainer", 0),
         ("tiny-rollout-0", "rollout", 0),
@@ -75,7 +67,7 @@ def test_localized_config_changes_only_the_endpoints():
     body = jobs.load_example("tiny-cpu.yaml")
     job = models.AsyncRLJob.model_validate(body)
     rendered = config.JobConfig.model_validate_json(pods.job_json(render.render(job)))
-    cfg, _ = _expand(body)
+    _, cfg, _ = jobs.expand_locally(body)
     assert cfg.spec == rendered.spec and (cfg.name, cfg.namespace) == (rendered.name, rendered.namespace)
     assert cfg.endpoints.nats_url == "nats://127.0.0.1:4333" != rendered.endpoints.nats_url
     assert rendered.endpoints.trainer_host != "127.0.0.1"
@@ -85,7 +77,7 @@ def test_torchrun_trainer_gets_its_node_rank_and_local_master_expanded_into_the_
     body = jobs.make_job(
         "big", rollout={"replicas": 1, "gpusPerReplica": 1}, trainer={"replicas": 2, "gpusPerReplica": 2}
     )
-    cfg, local = _expand(body)
+    _, cfg, local = jobs.expand_locally(body)
     trainers = [p for p in local if p.role == "trainer"]
     assert [p.name for p in trainers] == ["big-trainer-0", "big-trainer-1"]
     second = trainers[1].argv
@@ -109,7 +101,7 @@ def test_replica_override_and_rendered_zero_replicas():
 def test_each_local_cpu_rollout_gets_a_core_of_its_own(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3, 5})
-    _, local = _expand(jobs.load_example("tiny-cpu.yaml"))
+    _, _, local = jobs.expand_locally(jobs.load_example("tiny-cpu.yaml"))
     binds = {p.name: p.env.get("VLLM_CPU_OMP_THREADS_BIND") for p in local}
     assert binds == {"tiny-trainer-0": None, "tiny-rollout-0": "3", "tiny-rollout-1": "5"}
     # the whole pod starts on that core, so torch's import never probes the other replica's core
@@ -117,7 +109,7 @@ def test_each_local_cpu_rollout_gets_a_core_of_its_own(monkeypatch):
         "tiny-trainer-0": None, "tiny-rollout-0": {3}, "tiny-rollout-1": {5}
     }  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # the user's own binding wins
-    _, local = _expand(jobs.load_example("tiny-cpu.yaml"))
+    _, _, local = jobs.expand_locally(jobs.load_example("tiny-cpu.yaml"))
     assert all("VLLM_CPU_OMP_THREADS_BIND" not in p.env and p.cpus is None for p in local)
 
 

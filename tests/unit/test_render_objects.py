@@ -114,6 +114,13 @@ def test_multi_gpu_trainer_pods_run_torchrun() -> None:
     assert "RANK" not in _env(_container(sts))
 
 
+def test_megatron_trainer_pods_get_one_cuda_work_queue() -> None:
+    megatron = {"replicas": 1, "gpusPerReplica": 2, "backend": "megatron", "parallelism": {"tp": 2}}
+    for trainer, expected in (({"replicas": 1, "gpusPerReplica": 2}, None), (megatron, "1")):
+        sts = _by_kind(render.render(_job(trainer=trainer)))[("StatefulSet", "trainer")]
+        assert _env(_container(sts)).get("CUDA_DEVICE_MAX_CONNECTIONS") == expected
+
+
 def test_rollout_has_gpus_identity_and_no_api_token() -> None:
     sts = _by_kind(render.render(_job(rollout={"replicas": 3, "gpusPerReplica": 2})))[
         ("StatefulSet", "rollout")

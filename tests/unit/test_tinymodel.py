@@ -52,6 +52,17 @@ def test_a_second_call_reuses_the_directory_untouched(made):
     assert {p.name: p.stat().st_mtime_ns for p in first.iterdir()} == before
 
 
+def test_the_model_is_readable_by_every_user_even_one_made_private_before(made):
+    """Pods in images (asyncrl run --containers) read it as uid 10001."""
+    _, model = made
+    modes = lambda: {p.name: p.stat().st_mode & 0o777 for p in [model, *model.iterdir()]}  # noqa: E731
+    assert set(modes().values()) == {0o755, 0o644} and modes()[model.name] == 0o755
+    model.chmod(0o700)  # as mkdtemp's staging directory left it
+    (model / "model.safetensors").chmod(0o600)
+    assert tinymodel.create_tiny_model(model, seed=3) == model
+    assert set(modes().values()) == {0o755, 0o644}
+
+
 def test_different_parameters_or_foreign_files_are_refused_not_overwritten(made, tmp_path):
     _, first = made
     with pytest.raises(tinymodel.TinyModelError, match="different parameters"):

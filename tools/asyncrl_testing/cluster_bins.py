@@ -2,7 +2,8 @@
 
 Called by `cluster` (to start the components) and by tests that run `kubectl` or `helm`.
 The cache layout and version keys match tools/build-cluster-bins.sh: `$ASYNCRL_CACHE` (default
-~/.cache/asyncrl) holds `k8s-<v>/`, `etcd-<v>/`, `kwok-<v>/`, `helm-<v>/`, each built only on a miss.
+~/.cache/asyncrl) holds `k8s-<v>/`, `etcd-<v>/`, `kwok-<v>/`, `helm-<v>/`, each built only on a miss,
+and `kube-score-<v>/` (the static review of tests/unit/test_review.py; no cluster needs it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ K8S_VERSION = os.environ.get("K8S_VERSION", "v1.37.2")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
 KWOK_VERSION = os.environ.get("KWOK_VERSION", "v0.8.0")
 HELM_VERSION = os.environ.get("HELM_VERSION", "v3.21.4")
+KUBE_SCORE_VERSION = os.environ.get("KUBE_SCORE_VERSION", "v1.20.0")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_COMMAND = f"{REPO_ROOT / 'tools' / 'build-cluster-bins.sh'}"
@@ -78,6 +80,14 @@ def find_binaries() -> Binaries:
             f"test cluster binaries missing: {listing}. Build them with: {BUILD_COMMAND} {components}"
         )
     return Binaries(**{field: path for field, (path, _) in paths.items()})
+
+
+def kube_score() -> pathlib.Path:
+    """The kube-score binary (component ``kubescore``), or MissingBinaries naming the build command."""
+    path = cache_dir() / f"kube-score-{KUBE_SCORE_VERSION}" / "kube-score"
+    if not os.access(path, os.X_OK):
+        raise MissingBinaries(f"kube-score missing at {path}. Build it with: {BUILD_COMMAND} kubescore")
+    return path
 
 
 def kwok_stage_dir() -> pathlib.Path:

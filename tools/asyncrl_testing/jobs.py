@@ -65,3 +65,22 @@ def malformed_cases() -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def to_yaml(body: dict[str, Any]) -> str:
     return yaml.safe_dump(body, sort_keys=False)
+
+
+LOCAL_CONFIG_PATH = pathlib.Path("/runs/x/job.json")
+
+
+def expand_locally(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, list[Any]]:
+    """What the local runner makes of a job body, without running anything: the rendered manifests, the
+    localized config (NATS and the trainer's ports on 127.0.0.1, fixed) and the `LocalPod`s, with
+    metrics ports counted from 40000 and the config at `LOCAL_CONFIG_PATH`."""
+    import itertools
+
+    from asyncrl_api import models
+    from asyncrl_operator import render
+    from asyncrl_workloads.local import pods
+
+    manifests = render.render(models.AsyncRLJob.model_validate(body))
+    cfg = pods.localize_config(pods.job_json(manifests), "nats://127.0.0.1:4333", 31001, 31002, 31003)
+    ports = itertools.count(40000)
+    return manifests, cfg, list(pods.expand(manifests, LOCAL_CONFIG_PATH, cfg, lambda: next(ports)))

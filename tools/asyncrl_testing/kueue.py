@@ -81,7 +81,8 @@ def webhook_configurations(manifests: pathlib.Path, webhook_port: int, ca_cert: 
 
 
 def queues_yaml(queue: str, namespace: str, gpus: int, flavor: str = "default") -> str:
-    """A ResourceFlavor, a ClusterQueue with ``gpus`` nvidia.com/gpu (and room for cpu/memory), and the
+    """A ResourceFlavor, a ClusterQueue with ``gpus`` nvidia.com/gpu (and room for cpu, memory and
+    ephemeral-storage), and the
     LocalQueue ``queue`` in ``namespace`` pointing at it."""
     cluster_queue = f"{namespace}-{queue}"
     docs: list[dict[str, Any]] = [
@@ -94,13 +95,16 @@ def queues_yaml(queue: str, namespace: str, gpus: int, flavor: str = "default") 
                 "namespaceSelector": {},
                 "resourceGroups": [
                     {
-                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        # every resource the pods request: a workload asking for one the queue does
+                        # not cover is never admitted (asyncrl's pods request ephemeral-storage)
+                        "coveredResources": ["cpu", "memory", "ephemeral-storage", "nvidia.com/gpu"],
                         "flavors": [
                             {
                                 "name": flavor,
                                 "resources": [
                                     {"name": "cpu", "nominalQuota": "64"},
                                     {"name": "memory", "nominalQuota": "256Gi"},
+                                    {"name": "ephemeral-storage", "nominalQuota": "1Ti"},
                                     {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
                                 ],
                             }

@@ -1,6 +1,7 @@
 """`asyncrl`: the command for humans.
 
   asyncrl run examples/tiny-cpu.yaml [--run-dir DIR] [--max-steps N] [--rollout-replicas N] [--timeout S]
+              [--containers]
   asyncrl plot RUN_DIR [--out DIR]
   asyncrl export CHECKPOINT OUT [--model DIR] [--dtype auto|bfloat16|float16|float32]
 
@@ -37,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
         "--keep-checkpoint-path",
         action="store_true",
         help="use spec.trainer.checkpoint.path as written instead of <run-dir>/checkpoints",
+    )
+    run.add_argument(
+        "--containers",
+        action="store_true",
+        help="run each pod in its image with podman or docker (ASYNCRL_CONTAINER_ENGINE overrides): "
+        "the rendered image, command, env and user, host network",
     )
     plot = commands.add_parser("plot", help="render PNG curves of a run's reward, staleness, throughput")
     plot.add_argument("run_dir", type=pathlib.Path)
@@ -86,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from asyncrl_workloads import tinymodel
-    from asyncrl_workloads.local import natsserver, pods, runner
+    from asyncrl_workloads.local import containers, natsserver, pods, runner
 
     options = runner.Options(
         job_file=args.job,
@@ -96,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
         poll_interval_s=args.poll,
         keep_checkpoint_path=args.keep_checkpoint_path,
+        containers=args.containers,
     )
     try:
         return runner.run(options)
     except (runner.JobFileError, tinymodel.TinyModelError, pods.RenderedJobError) as exc:
         print(f"asyncrl run: {exc}", file=sys.stderr)
         return 2
+    except containers.EngineError as exc:
+        print(f"asyncrl run: {exc}", file=sys.stderr)
+        return 1
     except natsserver.NatsServerError as exc:
         print(f"asyncrl run: embedded NATS: {exc}", file=sys.stderr)
         return 1

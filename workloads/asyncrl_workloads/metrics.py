@@ -1,17 +1,22 @@
 """Every Prometheus metric of the data plane (README, Metrics), defined once for rollout and trainer.
 
 Imported by the rollout worker, the trajectory bus, the weight sync and the trainer; each process
-serves `REGISTRY` on its metrics port with `serve()`. Metrics carry the labels namespace, job, role and
-replica (plus `reason` on drops): bounded cardinality - one series per pod, never per sample or prompt.
-Call `bind(identity)` once per process and use the returned `Bound` everywhere, so no caller can invent
-a label value.
+serves `REGISTRY` on its metrics port with `serve()`, beside the probes' /healthz and /readyz. Metrics
+carry the labels namespace, job, role and replica (plus `reason` on drops): bounded cardinality - one
+series per pod, never per sample or prompt. Call `bind(identity)` once per process and use the returned
+`Bound` everywhere, so no caller can invent a label value.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import wsgiref.simple_server
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import prometheus_client
+import prometheus_client.exposition
 
 REGISTRY = prometheus_client.CollectorRegistry()
 _LABELS = ("namespace", "job", "role", "replica")
@@ -252,7 +257,43 @@ def bind(identity: Identity) -> Bound:
     return Bound(identity)
 
 
+READY = threading.Event()
+"""Set by the rollout once its engine is loaded and its generation loop runs (``rollout.main``), cleared
+when the loop ends: what /readyz answers, so a rollout pod is Ready only when it can generate."""
+
+
+def probes_app(metrics: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: /healthz (liveness: 200 while the process answers HTTP), /readyz (readiness: 200
+    once ``READY`` is set, else 503), everything else prometheus-client's own app (/metrics)."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        if path == "/readyz":
+            if READY.is_set():
+                start_response("200 OK", [("Content-Type", "text/plain")])
+                return [b"ready\n"]
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"not ready: the engine is loading or the generation loop is not running\n"]
+        return metrics(environ, start_response)
+
+    return app
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """No access log: probes and scrapes every few seconds would drown the process's own lines."""
+
+
 def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve REGISTRY at http://addr:port/metrics from a daemon thread (0 = don't serve)."""
-    if port:
-        prometheus_client.start_http_server(port, addr=addr, registry=REGISTRY)
+    """Serve REGISTRY at http://addr:port/metrics and the probes (``probes_app``) from a daemon thread
+    (0 = don't serve). prometheus-client's threading WSGI server, as its ``start_http_server`` runs it."""
+    if not port:
+        return
+    app = probes_app(prometheus_client.make_wsgi_app(REGISTRY))
+    server = wsgiref.simple_server.make_server(
+        addr, port, app, prometheus_client.exposition.ThreadingWSGIServer, handler_class=_QuietHandler
+    )
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

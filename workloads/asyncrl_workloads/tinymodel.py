@@ -186,6 +186,7 @@ def create_tiny_model(path: str | os.PathLike[str], seed: int = 0, **overrides: 
     target = pathlib.Path(path)
     existing = read_marker(target)
     if existing == params:
+        _readable_by_all(target)  # one made before models were readable by all (a 0700 staging dir)
         return target
     if target.exists() and any(target.iterdir()):
         found = "a tiny model with different parameters" if existing else "files that are not a tiny model"
@@ -194,6 +195,7 @@ def create_tiny_model(path: str | os.PathLike[str], seed: int = 0, **overrides: 
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _write(params, staging)
+        _readable_by_all(staging)
         if target.exists():
             target.rmdir()  # an empty directory (checked above)
         os.rename(staging, target)
@@ -204,6 +206,17 @@ def create_tiny_model(path: str | os.PathLike[str], seed: int = 0, **overrides: 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _readable_by_all(model: pathlib.Path) -> None:
+    """0755/0644, as a downloaded model is: the pods that read it may run as another user (`asyncrl run
+    --containers` runs them as the images' uid 10001), and mkdtemp's staging directory is 0700. Only a
+    model this process owns is changed."""
+    if model.stat().st_uid != os.geteuid():
+        return
+    model.chmod(0o755)
+    for file in model.iterdir():
+        file.chmod(0o755 if file.is_dir() else 0o644)
 
 
 def create_from_spec(path: str | os.PathLike[str], spec: Any) -> pathlib.Path:

@@ -40,6 +40,10 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [create, patch]
+# PodDisruptionBudgets of the two roles (render/disruption.py): applied as above.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, patch]
 # PodGroups of a job's trainer gang (render/gang.py: scheduler-plugins' coscheduling and Volcano, by
 # spec.scheduling.schedulerName): applied as above; reconcile._prune GETs and DELETEs (uid precondition,
 # only if this job owns it) the one a job's spec no longer renders. Granting them where the CRDs are not

@@ -13,6 +13,7 @@ from asyncrl_api import models
 
 from asyncrl_operator.render import (
     configmap,
+    disruption,
     gang,
     gateway,
     names,
@@ -30,8 +31,8 @@ __all__ = ["Manifest", "configmap", "names", "render"]
 
 
 def render(job: models.AsyncRLJob) -> list[Manifest]:
-    """Objects in apply order: config and identity first, then policies and services, the bus, the
-    trainer gang's PodGroup (with a gang scheduler), the two roles."""
+    """Objects in apply order: config and identity first, then policies (network, disruption) and
+    services, the bus, the trainer gang's PodGroup (with a gang scheduler), the two roles."""
     cfg = configmap.job_config(job)
     config_hash = configmap.config_hash(cfg)
     objects: list[Manifest] = [
@@ -40,6 +41,9 @@ def render(job: models.AsyncRLJob) -> list[Manifest]:
         rbac.render_role(job),
         rbac.render_role_binding(job),
         network.render_network_policy(job),
+        network.render_trainer_egress_policy(job),
+        disruption.render_pod_disruption_budget(job, names.TRAINER),
+        disruption.render_pod_disruption_budget(job, names.ROLLOUT),
         services.render_trainer_service(job),
         services.render_rollout_service(job),
     ]

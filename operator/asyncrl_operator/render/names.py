@@ -74,6 +74,11 @@ def network_policy(job_name: str) -> str:
     return child(job_name, "net")
 
 
+def trainer_egress_policy(job_name: str) -> str:
+    """The trainer pods' own egress NetworkPolicy (the API server, ``render.network``)."""
+    return child(job_name, "trainer-egress")
+
+
 def gateway(job_name: str) -> str:
     """The agent gateway's ClusterIP Service and its NetworkPolicy (spec.agent.loop gateway)."""
     return child(job_name, GATEWAY)

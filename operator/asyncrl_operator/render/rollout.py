@@ -13,7 +13,7 @@ from typing import Any
 
 from asyncrl_api import models
 
-from asyncrl_operator.render import gateway, names, pods, secrets
+from asyncrl_operator.render import gateway, names, pods, secrets, security
 
 ENTRY_POINT = "asyncrl-rollout"
 
@@ -39,13 +39,17 @@ def render_rollout_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict
         "env": env,
         "ports": ports,
         "resources": pods.resources(spec.gpus_per_replica, spec.resources),
-        "volumeMounts": pods.volume_mounts(job),
-        "readinessProbe": pods.readiness_probe(),
+        "volumeMounts": pods.volume_mounts(job, names.ROLLOUT),
+        "startupProbe": pods.startup_probe(),
+        "livenessProbe": pods.liveness_probe(),
+        "readinessProbe": pods.readiness_probe("/readyz"),
+        "securityContext": security.container_security_context(),
         "terminationMessagePolicy": pods.TERMINATION_MESSAGE_POLICY,
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "volumes": pods.volumes(job),
+        "volumes": pods.volumes(job, names.ROLLOUT),
+        "securityContext": security.pod_security_context(),
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 30,
         **pods.scheduling(job, spec.node_selector, spec.tolerations),

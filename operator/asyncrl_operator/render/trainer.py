@@ -15,7 +15,7 @@ from typing import Any
 
 from asyncrl_api import config, models
 
-from asyncrl_operator.render import names, pods, secrets
+from asyncrl_operator.render import names, pods, secrets, security
 
 ENTRY_POINT = "asyncrl-trainer"
 
@@ -43,6 +43,10 @@ def trainer_env(job: models.AsyncRLJob) -> list[dict[str, Any]]:
             {"name": "LOCAL_RANK", "value": "0"},
             {"name": "WORLD_SIZE", "value": str(spec.world_size())},
         ]
+    if spec.backend == "megatron":
+        # megatron-core's tensor-parallel overlap assumes one CUDA work queue (it warns at start-up,
+        # and orders communication before compute by it); harmless on CPU
+        env.append({"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "1"})
     return env
 
 
@@ -78,13 +82,17 @@ def render_trainer_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict
         "env": trainer_env(job) + secrets.trainer_env(job),
         "ports": ports,
         "resources": pods.resources(spec.gpus_per_replica, spec.resources),
-        "volumeMounts": pods.volume_mounts(job),
-        "readinessProbe": pods.readiness_probe(),
+        "volumeMounts": pods.volume_mounts(job, names.TRAINER),
+        "startupProbe": pods.startup_probe(),
+        "livenessProbe": pods.liveness_probe(),
+        "readinessProbe": pods.readiness_probe("/metrics"),
+        "securityContext": security.container_security_context(),
         "terminationMessagePolicy": pods.TERMINATION_MESSAGE_POLICY,
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "volumes": pods.volumes(job),
+        "volumes": pods.volumes(job, names.TRAINER),
+        "securityContext": security.pod_security_context(),
         "serviceAccountName": names.trainer(name),
         "automountServiceAccountToken": True,
         "terminationGracePeriodSeconds": 60,

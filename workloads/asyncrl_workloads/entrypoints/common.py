@@ -7,6 +7,7 @@ and exits with `code` (2 for bad configuration, 1 for a startup failure, 3 for a
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import pathlib
 import sys
@@ -21,6 +22,11 @@ class Refused(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def version(prog: str) -> str:
+    """`PROG VERSION`, the installed asyncrl distribution's version (what `--version` prints)."""
+    return f"{prog} {importlib.metadata.version('asyncrl')}"
 
 
 def fail(prog: str, code: int, message: str) -> int:

@@ -45,6 +45,7 @@ def _reachable(url: str, timeout_s: float = 5.0) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncrl-trainer")
     parser.add_argument("--config", default=config_mod.MOUNT_PATH, help="rendered job config (job.json)")
+    parser.add_argument("--version", action="version", version=common.version(parser.prog))
     args = parser.parse_args(argv)
     try:
         cfg = common.load_config(args.config)

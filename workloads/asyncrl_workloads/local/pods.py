@@ -20,6 +20,10 @@ references in the command expanded from that env. Local differences, all explici
 - the NATS ``.creds`` path of bus.nats.credentialsSecret (`config.NATS_CREDS_ENV`, the Secret's mount in
   a pod) is the runner's own variable of that name, a file on this host, when it has one;
 - a bare console-script name (asyncrl-trainer) resolves to the running interpreter's scripts dir.
+
+Each `LocalPod` also carries the rendered container as a container engine runs it (`PodContainer`, used by
+`asyncrl run --containers`, see `containers`): the image, the same argv with argv[0] left to the image's
+PATH, the securityContext's user, groups and read-only root filesystem, and the emptyDir mount paths.
 """
 
 from __future__ import annotations
@@ -52,6 +56,18 @@ class RenderedJobError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class PodContainer:
+    """The rendered container as a container engine runs it (`containers.run_argv`)."""
+
+    image: str
+    argv: tuple[str, ...]  # command + args as `LocalPod.argv`, but argv[0] is the image's own console script
+    user: str | None = None  # "uid[:gid]": runAsUser/runAsGroup, the container's over the pod's
+    groups: tuple[int, ...] = ()  # the pod's fsGroup and supplementalGroups
+    read_only_root: bool = False  # readOnlyRootFilesystem
+    empty_dirs: tuple[str, ...] = ()  # mountPaths of the container's emptyDir volumes
+
+
+@dataclasses.dataclass(frozen=True)
 class LocalPod:
     """One process to run: what the kubelet would start for one replica of a role."""
 
@@ -62,6 +78,7 @@ class LocalPod:
     env: Mapping[str, str]
     metrics_port: int
     cpus: frozenset[int] | None = None  # started with this CPU affinity (a CPU rollout's own core)
+    container: PodContainer | None = None  # the same pod in its image (`asyncrl run --containers`)
 
 
 def job_json(manifests: list[dict[str, Any]]) -> str:
@@ -170,6 +187,28 @@ def container_env(
     return env
 
 
+def pod_container(pod_spec: Mapping[str, Any], container: Mapping[str, Any], argv: list[str]) -> PodContainer:
+    """The container's image, user, groups, root filesystem and emptyDir mounts, as the kubelet would run
+    it; `argv` is its command with variables expanded and the config path localized."""
+    pod_context = pod_spec.get("securityContext") or {}
+    own = container.get("securityContext") or {}
+    uid = own.get("runAsUser", pod_context.get("runAsUser"))
+    gid = own.get("runAsGroup", pod_context.get("runAsGroup"))
+    user = None if uid is None else str(uid) if gid is None else f"{uid}:{gid}"
+    groups = ([pod_context["fsGroup"]] if "fsGroup" in pod_context else []) + list(
+        pod_context.get("supplementalGroups") or []
+    )
+    empty = {v["name"] for v in pod_spec.get("volumes") or [] if "emptyDir" in v}
+    return PodContainer(
+        image=str(container["image"]),
+        argv=tuple(argv),
+        user=user,
+        groups=tuple(int(g) for g in dict.fromkeys(groups)),
+        read_only_root=bool(own.get("readOnlyRootFilesystem", False)),
+        empty_dirs=tuple(m["mountPath"] for m in container.get("volumeMounts") or [] if m["name"] in empty),
+    )
+
+
 def resolve_executable(name: str) -> str:
     """A console script from this interpreter's environment, else from PATH, else unchanged."""
     if "/" in name:
@@ -222,8 +261,9 @@ def expand(
             env["ASYNCRL_METRICS_PORT"] = str(metrics_port)
             argv = [expand_vars(arg, env) for arg in container["command"] + container.get("args", [])]
             argv = [str(config_path) if arg == config.MOUNT_PATH else arg for arg in argv]
+            in_image = pod_container(template["spec"], container, argv)
             argv[0] = resolve_executable(argv[0])
-            pods.append(LocalPod(pod_name, role, ordinal, tuple(argv), env, metrics_port, cpus))
+            pods.append(LocalPod(pod_name, role, ordinal, tuple(argv), env, metrics_port, cpus, in_image))
     return pods
 
 

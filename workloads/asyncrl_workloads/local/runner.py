@@ -15,6 +15,10 @@ the trainer, see trainer/validation.py), checkpoints/ (unless --keep-checkpoint-
 a gateway job also gateway.json (mode 0600: the replicas' URLs and the admin key, also printed at start;
 see `gateway`).
 
+With --containers (`Options.containers`) each pod runs in its rendered image under podman or docker
+instead (`containers`: the image, command, env, user and read-only root filesystem the pod would get,
+host network, the run dir, model and checkpoint path mounted at the same paths); the rest is the same.
+
 Local deviations from the job as written, all deliberate: trainer.checkpoint.path moves into the run
 dir (so a new run starts fresh and re-running the same --run-dir resumes), --max-steps and
 --rollout-replicas override spec fields before rendering. Ctrl-C or SIGTERM stops every process group
@@ -38,7 +42,7 @@ import pydantic
 import yaml
 from asyncrl_api import models
 
-from asyncrl_workloads.local import gateway, natsserver, pods, process, progress
+from asyncrl_workloads.local import containers, gateway, natsserver, pods, process, progress
 
 STOP_GRACE_S = 15.0
 ROLLOUT_RESTARTS = 3
@@ -50,6 +54,13 @@ LOCAL_ENV_DEFAULTS = {
     "PYTHONUNBUFFERED": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+RUN_FILE_ENVS = {
+    "ASYNCRL_STEP_LOG": "steps.jsonl",
+    "ASYNCRL_PROGRESS_FILE": "progress.json",
+    "ASYNCRL_VALIDATION_LOG": "validation.jsonl",
+}
+"""Files in the run dir the trainer writes (the runner reads them): env var -> file name."""
 
 
 class JobFileError(ValueError):
@@ -65,6 +76,7 @@ class Options:
     timeout_s: float | None = None
     poll_interval_s: float = 2.0
     keep_checkpoint_path: bool = False
+    containers: bool = False  # run each pod in its image (`containers`) instead of as a local process
 
 
 def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -110,17 +122,22 @@ class Supervisor:
         base_env: dict[str, str],
         logs: pathlib.Path,
         say: Callable[[str], None],
+        engine: containers.Engine | None = None,
     ) -> None:
         self.local_pods = local_pods
         self.base_env = base_env
         self.logs = logs
         self.say = say
+        self.engine = engine  # None: local processes; else each pod in its image (base_env unused)
         self.children: dict[str, process.Child] = {}
         self.restarts: dict[str, int] = dict.fromkeys((p.name for p in local_pods), 0)
 
     def start(self, pod: pods.LocalPod) -> None:
-        env = {**self.base_env, **pod.env}
         log = self.logs / f"{pod.name}.log"
+        if self.engine is not None:
+            self.children[pod.name] = self.engine.start(pod, log)
+            return
+        env = {**self.base_env, **pod.env}
         self.children[pod.name] = process.Child(pod.name, pod.argv, log, env=env, cpus=pod.cpus)
 
     def start_all(self) -> None:
@@ -151,7 +168,9 @@ class Supervisor:
     def stop_all(self, grace: float = STOP_GRACE_S) -> None:
         """Stop like the kubelet: SIGTERM each pod's main process (not its helpers, e.g. vLLM's engine
         core, which the main process shuts down itself), then SIGKILL each whole process group still
-        alive after `grace` seconds. Names the pods that needed the SIGKILL."""
+        alive after `grace` seconds. Names the pods that needed the SIGKILL. In containers the SIGTERM goes
+        through `podman run`'s signal proxy and the SIGKILL step is `podman rm -f` of every pod's container
+        (also of one whose `podman run` is gone)."""
         children = list(self.children.values())
         for child in children:
             if child.poll() is None:
@@ -164,6 +183,8 @@ class Supervisor:
         late = [child.name for child in children if child.poll() is None or process.group_alive(child.pgid)]
         if late:
             self.say(f"asyncrl: {', '.join(late)} did not stop within {grace:.0f}s: killed")
+        if self.engine is not None:
+            self.engine.remove(self.engine.names(self.local_pods))
         for child in children:
             child.signal(signal.SIGKILL)  # no-op for groups already gone
         for child in children:
@@ -203,6 +224,7 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     out = Terminal(stream)
     run_dir = (options.run_dir or default_run_dir(options.job_file)).resolve()
     job, raw = load_job(options, run_dir)  # before anything is written: a bad job leaves nothing behind
+    engine_path = containers.find_engine(os.environ) if options.containers else None
     spec = job.spec
     local_gateway = gateway.plan(spec, os.environ)
     busy = gateway.busy_ports(local_gateway) if local_gateway is not None else []
@@ -256,11 +278,12 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         base_env = {
             **LOCAL_ENV_DEFAULTS,
             **os.environ,
-            "ASYNCRL_STEP_LOG": str(run_dir / "steps.jsonl"),
-            "ASYNCRL_PROGRESS_FILE": str(run_dir / "progress.json"),
-            "ASYNCRL_VALIDATION_LOG": str(run_dir / "validation.jsonl"),
+            **{name: str(run_dir / file) for name, file in RUN_FILE_ENVS.items()},
         }
-        supervisor = Supervisor(local_pods, base_env, run_dir / "logs", out.say)
+        engine = None
+        if engine_path is not None:
+            engine = container_engine(engine_path, run_dir, spec, local_pods, base_env)
+        supervisor = Supervisor(local_pods, base_env, run_dir / "logs", out.say, engine)
         supervisor.start_all()
         out.say(
             f"asyncrl: started {', '.join(p.name for p in local_pods)} (logs in {run_dir / 'logs'}); "
@@ -296,6 +319,22 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     if reason["why"] in ("SIGINT", "SIGTERM"):
         return 128 + int(signal.Signals[reason["why"]])  # the shell's convention: 130, 143
     return 0
+
+
+def container_engine(
+    path: str,
+    run_dir: pathlib.Path,
+    spec: models.AsyncRLJobSpec,
+    local_pods: list[pods.LocalPod],
+    base_env: dict[str, str],
+) -> containers.Engine:
+    """The pods' engine: their run-wide env is the runner's defaults (the user's value of each wins, as
+    in a local run) and the run dir's file paths, not the rest of this environment."""
+    run_env = {name: base_env[name] for name in (*LOCAL_ENV_DEFAULTS, *RUN_FILE_ENVS)}
+    containers.open_for_pods(run_dir)
+    containers.open_for_pods(pathlib.Path(spec.trainer.checkpoint.path))
+    mounts = containers.job_mounts(run_dir, spec, local_pods)
+    return containers.Engine(path, containers.run_id(run_dir), mounts, run_env, dict(os.environ))
 
 
 def _watch(

@@ -367,8 +367,10 @@ async def _generate(
                 "gateway serving on %s (sessions: POST /rl/groups with the admin key)", gateway.s.public_url
             )
         log.info("rollout replica %d generating (incarnation %s)", replica, link.incarnation)
+        metrics_mod.READY.set()  # /readyz: the engine is loaded and the loop starts now
         await worker.run(stop, serve=serve)
     finally:
+        metrics_mod.READY.clear()
         if engine is not None:
             engine.shutdown()
         await nc.close()

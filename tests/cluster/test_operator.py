@@ -177,31 +177,12 @@ def test_the_examples_rendered_rollout_passes_its_own_start_up_checks(cluster, n
     assert last.startswith("asyncrl-rollout: endpoints.natsUrl: cannot reach NATS"), done.stderr[-3000:]
 
 
-def refused_privileged_pod(cluster: Any, namespace: str) -> str:
-    """What the API server says to a privileged pod in ``namespace`` (server-side dry run: admission runs,
-    nothing is stored): proof that the PodSecurity admission plugin enforces the namespace's label."""
-    done = cluster.kubectl(
-        "run",
-        "privileged",
-        "-n",
-        namespace,
-        "--image=busybox:1.36",
-        "--privileged",
-        "--dry-run=server",
-        check=False,
-    )
-    assert done.returncode != 0, (
-        "a privileged pod was admitted: the namespace enforces no Pod Security Standard"
-    )
-    return str(done.stderr)
-
-
 def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, namespace, operator):
     # Every pod of the job (rollout, trainer, managed NATS) must meet the restricted Pod Security
     # Standard: the StatefulSet controller's creates go through the PodSecurity admission plugin, and
     # a refused pod would leave a FailedCreate event and never run.
     cluster.kubectl("label", "namespace", namespace, RESTRICTED)
-    assert 'violates PodSecurity "restricted:latest"' in refused_privileged_pod(cluster, namespace)
+    assert 'violates PodSecurity "restricted:latest"' in cluster.privileged_pod_refusal(namespace)
     bind_storage(cluster, namespace, "rl-storage")
     cluster.kubectl("apply", "-n", namespace, "-f", str(jobs.EXAMPLES / "job.yaml"))
     expected = sorted(

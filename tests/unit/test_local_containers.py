@@ -12,7 +12,7 @@ import stat
 import pytest
 import yaml
 from asyncrl_api import config, models
-from asyncrl_testing import jobs
+from asyncrl_testing import cluster_wait, jobs
 from asyncrl_workloads.local import containers, pods, runner
 
 CONFIG_PATH = jobs.LOCAL_CONFIG_PATH
@@ -194,7 +194,8 @@ def test_supervisor_stops_containers_with_sigterm_through_the_engine_then_rm_f(t
     supervisor.start_all()
     try:
         lines = lambda: calls.read_text().splitlines() if calls.exists() else []  # noqa: E731
-        assert _wait_for(lambda: sum(line.startswith("run ") for line in lines()) == 2)
+        runs = lambda: sum(line.startswith("run ") for line in lines())  # noqa: E731
+        cluster_wait.wait_until(runs, lambda n: n == 2, "both pods' `podman run`", timeout=10, interval=0.05)
     finally:
         supervisor.stop_all(grace=5)
     got = calls.read_text().splitlines()
@@ -202,14 +203,3 @@ def test_supervisor_stops_containers_with_sigterm_through_the_engine_then_rm_f(t
     assert got[-1] == "rm -f --ignore --time 0 asyncrl-r1-t-trainer-0 asyncrl-r1-t-rollout-0"
     run = next(line for line in got if line.startswith("run ") and "t-rollout-0" in line)
     assert "--env B --env A " in run and "HOST" not in run  # the pod's env, not the runner's
-
-
-def _wait_for(predicate, timeout=10.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False

@@ -116,6 +116,17 @@ class Cluster:
         """Run the real helm against this cluster; raises CommandFailed on a non-zero exit if `check`."""
         return self._run(self.bins.helm, args, input, check, timeout)
 
+    def privileged_pod_refusal(self, namespace: str) -> str:
+        """What the API server says to a privileged pod in ``namespace`` (server-side dry run: admission
+        runs, nothing is stored): proof that the PodSecurity admission plugin enforces the namespace's
+        `pod-security.kubernetes.io/enforce` label. Fails if the pod is admitted."""
+        done = self.kubectl(
+            "run", "privileged", "-n", namespace, "--image=busybox:1.36", "--privileged", "--dry-run=server",
+            check=False,
+        )  # fmt: skip
+        assert done.returncode != 0, "a privileged pod was admitted: the namespace enforces no PSS level"
+        return done.stderr
+
     def stop(self) -> None:
         """Stop every component, last started first. Safe to call more than once."""
         errors = []

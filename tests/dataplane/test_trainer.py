@@ -210,7 +210,10 @@ def run_trainer(
         for follower in procs[1:]:
             if procs[0].returncode != 0:
                 follower.kill()
-            assert follower.wait(timeout=60) in (0, -signal.SIGKILL)
+            # after rank 0 died a follower may have left on its own first: its next collective with rank 0
+            # fails (gloo: connection reset) and it exits 1 (CI saw it beat the kill)
+            allowed = (0,) if procs[0].returncode == 0 else (0, 1, -signal.SIGKILL)
+            assert follower.wait(timeout=60) in allowed
     finally:
         for proc in procs:
             proc.kill()

@@ -64,7 +64,9 @@ def test_a_short_run_trains_until_max_steps_then_leaves_metrics_plots_and_no_pro
     records = _records(run_dir)
     steps = [r["step"] for r in records]
     assert steps == sorted(steps) and steps[0] < steps[-1] == 3
-    assert records[-1]["consumed"] > 0 and records[-1]["produced"] >= records[-1]["consumed"]
+    # not consumed > 0: the trainer's steps can all fall between two 1 s scrapes before it exits (seen in
+    # tests/images/test_job_in_images.py's run), so its counter may never be scraped above 0
+    assert records[-1]["produced"] > 0 and records[-1]["produced"] >= records[-1]["consumed"]
     assert any(r["reward"] is not None for r in records)
     assert any(r["processesUp"] == r["processes"] == 3 for r in records)  # 1 trainer + 2 rollouts served
     summary = json.loads((run_dir / "summary.json").read_text())

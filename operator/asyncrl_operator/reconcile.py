@@ -27,7 +27,7 @@ import pydantic
 from asyncrl_api import models
 from asyncrl_api import status as api_status
 
-from asyncrl_operator import apply, diagnose, failures, lifecycle, metrics, render, status
+from asyncrl_operator import admission, apply, diagnose, failures, lifecycle, metrics, render, status
 
 Body = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -49,29 +49,6 @@ def lock(namespace: str, name: str) -> threading.Lock:
 
 def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-def format_validation_error(exc: pydantic.ValidationError) -> str:
-    """Field-level messages: ``spec.trainer.parallelism: tp * pp * cp must divide ...``."""
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        # Cross-field rules name their field relative to the model: ".parallelism.tp: ...".
-        lines.append(f"{where}{msg}" if msg.startswith(".") else f"{where}: {msg}")
-    return "; ".join(lines)
-
-
-def parse(body: Body) -> tuple[models.AsyncRLJob | None, str | None]:
-    """The validated job, or None and the reason it is invalid."""
-    meta = body.get("metadata") or {}
-    problem = lifecycle.name_problem(str(meta.get("name", "")))
-    if problem:
-        return None, problem
-    try:
-        return models.AsyncRLJob.from_body(body), None
-    except pydantic.ValidationError as exc:
-        return None, format_validation_error(exc)
 
 
 def old_status(body: Body) -> api_status.AsyncRLJobStatus:
@@ -113,7 +90,7 @@ def reconcile(client: apply.Client, namespace: str, name: str) -> None:
         body = client.get(models.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        job, why = parse(body)
+        job, why = admission.parse(body)
         if job is None:
             _write_invalid(client, body, why or "invalid spec")
             return
@@ -242,7 +219,7 @@ def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
         body = client.get(models.KIND, namespace, name)
         if body is None:
             return
-        job, why = parse(body)
+        job, why = admission.parse(body)
         if job is None:
             return
         names = render.names
@@ -257,7 +234,7 @@ def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
 def needs_reconcile(body: Body) -> bool:
     """A status change the spec-driven handlers do not see: maxSteps reached while not yet Succeeded, or
     the restart budget spent while pods still run (the reconcile scales them to zero)."""
-    job, _ = parse(body)
+    job, _ = admission.parse(body)
     if job is None:
         return False
     if job.status.phase != "Succeeded" and status.reached_max_steps(job):

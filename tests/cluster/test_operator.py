@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from asyncrl_testing import cluster_wait, jobs, operator_proc
 from asyncrl_testing.operator_proc import bind_storage, condition, get_json, job_status, pods
 from asyncrl_workloads import tinymodel
@@ -210,6 +211,7 @@ def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, name
         timeout=30,
     )
     job = get_json(cluster, "asyncrljob", "math", "-n", namespace)
+    assert_render_command_printed_what_the_operator_created(cluster, namespace, job)
     trainer = get_json(cluster, "statefulset", "math-trainer", "-n", namespace)
     assert trainer["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     container = trainer["spec"]["template"]["spec"]["containers"][0]
@@ -262,6 +264,39 @@ def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, name
         "AGE",
     ]
     assert table[1].split()[:8] == ["math", "Running", "12", "11", "2", "37", "2/2", "1/1"]
+
+
+def assert_render_command_printed_what_the_operator_created(cluster: Any, namespace: str, job: Any) -> None:
+    """`asyncrl render examples/job.yaml -n NS` (the console script, as a user runs it) printed every object
+    the operator created from the same file on the real apiserver: each printed field is in the stored
+    object with the same value (the apiserver adds defaults, status and its own metadata; quantities come
+    back as strings), and the uid it leaves empty is the job's."""
+    script = pathlib.Path(sys.executable).parent / "asyncrl"
+    done = subprocess.run(
+        [str(script), "render", str(jobs.EXAMPLES / "job.yaml"), "--namespace", namespace],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    printed = list(yaml.safe_load_all(done.stdout))
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in printed) == children(cluster, namespace, "math")
+    for obj in printed:
+        for ref in obj["metadata"]["ownerReferences"]:
+            ref["uid"] = job["metadata"]["uid"]
+        stored = get_json(cluster, obj["kind"].lower(), obj["metadata"]["name"], "-n", namespace)
+        assert_within(obj, stored, f"{obj['kind']}/{obj['metadata']['name']}")
+
+
+def assert_within(printed: Any, stored: Any, where: str) -> None:
+    if isinstance(printed, dict):
+        assert isinstance(stored, dict), where
+        for key, value in printed.items():
+            assert key in stored, f"{where}.{key}: printed, not stored"
+            assert_within(value, stored[key], f"{where}.{key}")
+    elif isinstance(printed, list):
+        assert isinstance(stored, list) and len(stored) == len(printed), where
+        for i, (a, b) in enumerate(zip(printed, stored, strict=True)):
+            assert_within(a, b, f"{where}[{i}]")
+    else:
+        assert str(printed) == str(stored), f"{where}: printed {printed!r}, stored {stored!r}"
 
 
 def test_scale_changes_only_the_rollout_role(cluster, namespace, operator):

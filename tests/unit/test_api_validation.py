@@ -53,7 +53,7 @@ def test_malformed_spec_is_rejected_naming_its_field(case: dict[str, Any]) -> No
 
 
 def test_the_handler_reports_field_paths_of_an_invalid_job() -> None:
-    from asyncrl_operator import reconcile
+    from asyncrl_operator import admission
 
     body = jobs.make_job(
         "demo",
@@ -61,18 +61,18 @@ def test_the_handler_reports_field_paths_of_an_invalid_job() -> None:
         rollout={"replicas": -1},
         volumes=[{"name": "c", "claimName": "c", "mountPath": "/etc/asyncrl"}],
     )
-    job, why = reconcile.parse(body)
+    job, why = admission.parse(body)
     assert job is None and why is not None and "spec.rollout.replicas" in why
-    _, why = reconcile.parse(
+    _, why = admission.parse(
         jobs.make_job("demo", "ns", trainer={"gpusPerReplica": 6, "parallelism": {"tp": 4}})
     )
     assert why == "spec.trainer.parallelism.tp: parallelism.tp * parallelism.cp must divide gpusPerReplica"
 
 
 def test_the_handler_rejects_names_the_crd_would_reject() -> None:
-    from asyncrl_operator import reconcile
+    from asyncrl_operator import admission
 
-    job, why = reconcile.parse(jobs.make_job("x" * (models.MAX_NAME_LENGTH + 1), "ns"))
+    job, why = admission.parse(jobs.make_job("x" * (models.MAX_NAME_LENGTH + 1), "ns"))
     assert job is None and why is not None and why.startswith("metadata.name")
-    job, why = reconcile.parse(jobs.make_job("x" * models.MAX_NAME_LENGTH, "ns"))
+    job, why = admission.parse(jobs.make_job("x" * models.MAX_NAME_LENGTH, "ns"))
     assert job is not None and why is None

@@ -2,12 +2,15 @@
 
   asyncrl run examples/tiny-cpu.yaml [--run-dir DIR] [--max-steps N] [--rollout-replicas N] [--timeout S]
               [--containers]
+  asyncrl render JOB.yaml [--namespace NS]
   asyncrl plot RUN_DIR [--out DIR]
   asyncrl export CHECKPOINT OUT [--model DIR] [--dtype auto|bfloat16|float16|float32]
 
 The console script named in pyproject.toml. `run` executes a job locally through `local.runner` (the
 operator's rendered pods as local processes); `plot` renders a run's curves through `local.plot`;
-`export` writes a trainer checkpoint as a Hugging Face model directory through `trainer.export`. Errors
+`export` writes a trainer checkpoint as a Hugging Face model directory through `trainer.export`; `render`
+prints every object the operator would create for a job file, after the operator's own admission
+(`asyncrl_operator.admission`, whose messages are the ones `kubectl describe arj` would show). Errors
 a user can fix (a bad job file, a missing model, a port or binary problem) end with one line and a
 non-zero exit code, not a stack trace.
 """
@@ -17,6 +20,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+
+import yaml
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run each pod in its image with podman or docker (ASYNCRL_CONTAINER_ENGINE overrides): "
         "the rendered image, command, env and user, host network",
+    )
+    render = commands.add_parser(
+        "render", help="print every object the operator would create for a job (like helm template)"
+    )
+    render.add_argument("job", type=pathlib.Path, help="AsyncRLJob YAML (other documents are skipped)")
+    render.add_argument(
+        "--namespace", "-n", help="the namespace to render for (default: the file's, else default)"
     )
     plot = commands.add_parser("plot", help="render PNG curves of a run's reward, staleness, throughput")
     plot.add_argument("run_dir", type=pathlib.Path)
@@ -77,10 +89,65 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    """The operator's render() of each AsyncRLJob in the file, as YAML; exit 2 with the admission message
+    (file, document, field) when a job would be refused. The ownerReferences' uid stays empty: the
+    apiserver assigns it when the job is applied."""
+    from asyncrl_api import models
+    from asyncrl_operator import admission, render
+
+    def fail(why: str) -> int:
+        print(f"asyncrl render: {args.job}: {why}", file=sys.stderr)
+        return 2
+
+    try:
+        documents = [d for d in yaml.safe_load_all(args.job.read_text()) if d is not None]
+    except OSError as exc:
+        return fail(f"cannot read ({exc.strerror})")
+    except yaml.YAMLError as exc:
+        return fail(f"not valid YAML ({exc})")
+    out: list[dict[str, object]] = []
+    for index, body in enumerate(documents):
+        if isinstance(body, dict) and body.get("kind") != models.KIND:
+            print(f"asyncrl render: skipped document {index} (kind {body.get('kind')!r})", file=sys.stderr)
+            continue
+        where = f"document {index}: " if len(documents) > 1 else ""
+        if (problem := admission.check_kind(body)) is not None:
+            return fail(where + problem)
+        meta = body.setdefault("metadata", {})
+        if args.namespace and meta.get("namespace") not in (None, args.namespace):
+            said = f"metadata.namespace {meta['namespace']!r} does not match --namespace {args.namespace!r}"
+            return fail(where + said)
+        meta["namespace"] = args.namespace or meta.get("namespace") or "default"
+        job, why = admission.parse(body)
+        if job is None:
+            return fail(where + (why or "invalid spec"))
+        out += render.render(job)
+    if not out:
+        return fail(f"no {models.KIND} in the file")
+    sys.stdout.write(yaml.dump_all(out, Dumper=_BlockDumper, sort_keys=False))
+    return 0
+
+
+def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    """Multi-line strings (the ConfigMap's job.json) as literal blocks, as helm template prints them."""
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    pass
+
+
+_BlockDumper.add_representer(str, _block_strings)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "export":
         return _export(args)
+    if args.command == "render":
+        return _render(args)
     if args.command == "plot":
         from asyncrl_workloads.local import plot
 

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import pathlib
+import time
 
 import prometheus_client
 import pytest
@@ -460,6 +461,7 @@ def test_a_failed_rollout_is_restarted_then_given_up_and_a_config_error_is_fatal
         {},
         tmp_path,
         said.append,
+        backoff_s=0.05,
     )
     supervisor.start_all()
     try:
@@ -467,8 +469,12 @@ def test_a_failed_rollout_is_restarted_then_given_up_and_a_config_error_is_fatal
         for _ in range(runner.ROLLOUT_RESTARTS + 1):
             assert _wait_for(lambda: supervisor.children["t-rollout-0"].poll() is not None)
             outcomes.append(supervisor.check())
+            while "t-rollout-0" in supervisor.restart_at:  # the back-off, then the restart
+                time.sleep(0.02)
+                assert supervisor.check() is None
         assert outcomes[:-1] == [None] * runner.ROLLOUT_RESTARTS and outcomes[-1][0] == "failed"
-        assert len(said) == runner.ROLLOUT_RESTARTS and "restarting (1/3)" in said[0]
+        assert len(said) == runner.ROLLOUT_RESTARTS and "restarting in 0.05s (1/3)" in said[0]
+        assert "restarting in 0.1s (2/3)" in said[1]  # doubling, as the kubelet's back-off
     finally:
         supervisor.stop_all(grace=5)
     config_error = runner.Supervisor(
@@ -478,6 +484,26 @@ def test_a_failed_rollout_is_restarted_then_given_up_and_a_config_error_is_fatal
     assert _wait_for(lambda: config_error.children["c-rollout-0"].poll() is not None)
     outcome, detail = config_error.check()
     assert outcome == "failed" and "code 2" in detail and "bad field" in detail
+
+
+def test_a_rollouts_termination_message_is_said_at_its_first_exit_and_it_waits_out_the_back_off(tmp_path):
+    """An endpoint's classified line (what a rollout writes to its termination message before exit 3)
+    is on the live output at the first failure; the restart waits 10 s, the kubelet's first back-off."""
+    said = []
+    line = "Unreachable: judge endpoint http://127.0.0.1:9/v1: cannot reach 127.0.0.1:9: connection refused"
+    script = f'echo "{line}" > "$ASYNCRL_TERMINATION_LOG"; echo noise; exit 3'
+    supervisor = runner.Supervisor([_pod("e-rollout-0", "rollout", script)], {}, tmp_path, said.append)
+    supervisor.start_all()
+    try:
+        assert _wait_for(lambda: supervisor.children["e-rollout-0"].poll() is not None)
+        now = time.monotonic()
+        assert supervisor.check(now) is None
+        assert said == [f"e-rollout-0 exited with code 3: {line}; restarting in 10s (1/3)"]
+        first = supervisor.children["e-rollout-0"]
+        assert supervisor.check(now + 9.5) is None and supervisor.children["e-rollout-0"] is first
+        assert supervisor.check(now + 10.0) is None and supervisor.children["e-rollout-0"] is not first
+    finally:
+        supervisor.stop_all(grace=5)
 
 
 def test_trainer_exit_zero_means_done(tmp_path):

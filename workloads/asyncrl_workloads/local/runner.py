@@ -42,10 +42,15 @@ import pydantic
 import yaml
 from asyncrl_api import models
 
+from asyncrl_workloads import termination
 from asyncrl_workloads.local import containers, gateway, natsserver, pods, process, progress
 
 STOP_GRACE_S = 15.0
 ROLLOUT_RESTARTS = 3
+"""Restarts of one rollout before the run fails (the operator counts failurePolicy.maxRestarts instead)."""
+RESTART_BACKOFF_S = 10.0
+"""The kubelet's CrashLoopBackOff: 10 s before the first restart, doubling, at most 300 s."""
+RESTART_BACKOFF_CAP_S = 300.0
 CONFIG_ERROR_EXIT = 2  # the entry points' "bad config" code: restarting cannot help
 LOCAL_ENV_DEFAULTS = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -114,7 +119,14 @@ def default_run_dir(job_file: pathlib.Path) -> pathlib.Path:
 
 
 class Supervisor:
-    """The job's local processes: started in role order, rollouts restarted, all stopped together."""
+    """The job's local processes: started in role order, rollouts restarted, all stopped together.
+
+    A rollout that exits (other than with the config error, exit 2) is restarted as the kubelet restarts a
+    crashing container: after a back-off of 10 s, doubling to at most 300 s, up to ROLLOUT_RESTARTS times.
+    Each process gets a termination-message file (``logs/<pod>.termination-log``, through
+    ``termination.PATH_ENV``, the run dir being mounted at the same path in containers): what it wrote there
+    (an endpoint's classified line before exit 3) is said the moment it exits, as ``kubectl describe``
+    shows a container's last termination message, so the first failure already names the cause."""
 
     def __init__(
         self,
@@ -123,17 +135,27 @@ class Supervisor:
         logs: pathlib.Path,
         say: Callable[[str], None],
         engine: containers.Engine | None = None,
+        backoff_s: float = RESTART_BACKOFF_S,
     ) -> None:
         self.local_pods = local_pods
         self.base_env = base_env
         self.logs = logs
         self.say = say
         self.engine = engine  # None: local processes; else each pod in its image (base_env unused)
+        self.backoff_s = backoff_s
         self.children: dict[str, process.Child] = {}
         self.restarts: dict[str, int] = dict.fromkeys((p.name for p in local_pods), 0)
+        self.restart_at: dict[str, float] = {}
+        """Pods waiting out their back-off: name -> time.monotonic() of the restart."""
+
+    def termination_log(self, pod: pods.LocalPod) -> pathlib.Path:
+        return self.logs / f"{pod.name}.termination-log"
 
     def start(self, pod: pods.LocalPod) -> None:
         log = self.logs / f"{pod.name}.log"
+        message = self.termination_log(pod)
+        message.unlink(missing_ok=True)  # a new container starts with an empty message, as in a pod
+        pod = dataclasses.replace(pod, env={**pod.env, termination.PATH_ENV: str(message)})
         if self.engine is not None:
             self.children[pod.name] = self.engine.start(pod, log)
             return
@@ -144,26 +166,43 @@ class Supervisor:
         for pod in self.local_pods:
             self.start(pod)
 
-    def check(self) -> tuple[str, str] | None:
+    def check(self, now: float | None = None) -> tuple[str, str] | None:
         """None while the job runs; ("done", why) when the trainer finished; ("failed", why) on failure."""
+        now = time.monotonic() if now is None else now
         for pod in self.local_pods:
+            if pod.name in self.restart_at:
+                if now >= self.restart_at[pod.name]:
+                    del self.restart_at[pod.name]
+                    self.start(pod)
+                continue
             code = self.children[pod.name].poll()
             if code is None:
                 continue
-            tail = process.log_tail(self.children[pod.name].log_path, 15)
-            if pod.role == "trainer":
-                if code == 0:
-                    return "done", f"{pod.name} finished"
-                return "failed", f"{pod.name} exited with code {code}; last log lines:\n{tail}"
-            if code == CONFIG_ERROR_EXIT or self.restarts[pod.name] >= ROLLOUT_RESTARTS:
-                return "failed", f"{pod.name} exited with code {code}; last log lines:\n{tail}"
+            why = self.exit_reason(pod, code)
+            if pod.role == "trainer" and code == 0:
+                return "done", f"{pod.name} finished"
+            if (
+                pod.role == "trainer"
+                or code == CONFIG_ERROR_EXIT
+                or self.restarts[pod.name] >= ROLLOUT_RESTARTS
+            ):
+                return "failed", why
             self.restarts[pod.name] += 1
-            self.say(
-                f"{pod.name} exited with code {code}; restarting "
-                f"({self.restarts[pod.name]}/{ROLLOUT_RESTARTS})"
-            )
-            self.start(pod)
+            wait = min(RESTART_BACKOFF_CAP_S, self.backoff_s * 2 ** (self.restarts[pod.name] - 1))
+            self.restart_at[pod.name] = now + wait
+            first = why.splitlines()[0]
+            self.say(f"{first}; restarting in {wait:g}s ({self.restarts[pod.name]}/{ROLLOUT_RESTARTS})")
         return None
+
+    def exit_reason(self, pod: pods.LocalPod, code: int) -> str:
+        """``<pod> exited with code N: <termination message>`` (when there is one), then its log's tail."""
+        try:
+            message = self.termination_log(pod).read_text().strip()
+        except OSError:
+            message = ""
+        said = f": {message}" if message else ""
+        tail = process.log_tail(self.children[pod.name].log_path, 15)
+        return f"{pod.name} exited with code {code}{said}\nlast log lines:\n{tail}"
 
     def stop_all(self, grace: float = STOP_GRACE_S) -> None:
         """Stop like the kubelet: SIGTERM each pod's main process (not its helpers, e.g. vLLM's engine

@@ -62,10 +62,10 @@ def test_say_char_records_cover_the_alphabet() -> None:
 
 
 def test_prompt_sources(tmp_path: pathlib.Path) -> None:
-    assert source.load_prompts("builtin:say_char") == say_char.records()
+    assert list(source.load_prompts("builtin:say_char")) == say_char.records()
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"q": "hi", "answer": 1}) + "\n\n" + json.dumps({"q": "yo"}) + "\n")
-    assert source.load_prompts(str(path), "q") == [{"q": "hi", "answer": 1}, {"q": "yo"}]
+    assert list(source.load_prompts(str(path), "q")) == [{"q": "hi", "answer": 1}, {"q": "yo"}]
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_prompt_sources(tmp_path: pathlib.Path) -> None:
         ("", "prompt", "holds no prompts"),
         ("{bad\n", "prompt", "line 1 is not JSON"),
         ("[1]\n", "prompt", "line 1 is not a JSON object"),
-        ('{"text": "x"}\n', "prompt", "record 0 of"),
+        ('{"text": "x"}\n', "prompt", "line 1: field \'prompt\' must be a string"),
     ],
 )
 def test_bad_prompt_sources_name_the_field(
@@ -153,7 +153,7 @@ def test_chat_prompts_may_be_lists_of_messages(tmp_path: pathlib.Path, messages_
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({messages_key: messages}) + "\n" + json.dumps({messages_key: "hello"}) + "\n")
-    assert source.load_prompts(str(path), messages_key, chat=True) == [
+    assert list(source.load_prompts(str(path), messages_key, chat=True)) == [
         {messages_key: messages},
         {messages_key: "hello"},
     ]
@@ -172,6 +172,10 @@ NOT_MESSAGES = {
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
+def _got(prompt: Any) -> str:
+    return "null" if prompt is None else type(prompt).__name__
+
+
 def _second_prompt(tmp_path: pathlib.Path, prompt: Any) -> str:
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"prompt": prompt}) + "\n")
@@ -184,7 +188,8 @@ def test_raw_format_refuses_a_prompt_that_is_not_a_string(tmp_path: pathlib.Path
     with pytest.raises(source.PromptSourceError) as err:
         source.load_prompts(path)
     assert str(err.value) == (
-        f"spec.data.prompts: record 1 of {path!r}: field 'prompt' must be a string (data.format raw)"
+        f"spec.data.prompts: {path!r} line 2: field 'prompt' must be a string (data.format raw), got "
+        + _got(prompt)
     )
 
 
@@ -196,8 +201,8 @@ def test_chat_format_refuses_a_prompt_that_is_neither_a_string_nor_messages(
     with pytest.raises(source.PromptSourceError) as err:
         source.load_prompts(path, chat=True)
     assert str(err.value) == (
-        f"spec.data.prompts: record 1 of {path!r}: "
-        "field 'prompt' must be a string or a list of {role, content} messages"
+        f"spec.data.prompts: {path!r} line 2: "
+        "field 'prompt' must be a string or a list of {role, content} messages, got " + _got(prompt)
     )
 
 

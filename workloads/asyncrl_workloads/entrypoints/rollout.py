@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from asyncrl_api import config as config_mod
 
@@ -47,13 +49,14 @@ def main(argv: list[str] | None = None) -> int:
             spec.data.prompts, spec.data.prompt_key, chat=spec.data.format == "chat"
         )
         tools = tools_mod.load_tools(spec.agent.tools) if spec.agent is not None else {}
-        validation = []  # replica 0 runs the validation set (rollout/validation.py)
+        validation: Sequence[Mapping[str, Any]] = ()  # replica 0 runs it (rollout/validation.py)
         if spec.data.validation is not None and replica == 0:
             validation = source.load_prompts(
                 spec.data.validation, spec.data.prompt_key, "spec.data.validation", spec.data.format == "chat"
             )
         if spec.agent is not None:
-            tools_mod.check_record_tools([*records, *validation], tools)
+            tools_mod.check_record_tools(records, tools)
+            tools_mod.check_record_tools(validation, tools, "spec.data.validation")
     except (loader.RewardLoadError, source.PromptSourceError, tools_mod.ToolLoadError) as exc:
         return _fail(2, str(exc))
     common.setup_logging(f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s")

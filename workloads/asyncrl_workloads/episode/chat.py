@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from asyncrl_workloads.data import fields
+
 PLACEHOLDER = "\u2063asyncrl-turn\u2063"
 """Stands for the generated assistant turn while the template renders around it."""
 
@@ -35,7 +37,7 @@ class FormatError(ValueError):
 def messages_of(record: Mapping[str, Any], prompt_key: str) -> list[dict[str, Any]]:
     """The record's prompt as chat messages: a string is one user message; a list is taken as
     ``{role, content}`` messages."""
-    prompt = record[prompt_key]
+    prompt = fields.require(record, prompt_key)
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     return [dict(m) for m in prompt]
@@ -49,7 +51,7 @@ class RawFormat:
 
     def prompt_ids(self, record: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
         del tools
-        return list(self.tokenizer(str(record[self.prompt_key]))["input_ids"])
+        return list(self.tokenizer(str(fields.require(record, self.prompt_key)))["input_ids"])
 
 
 class ChatFormat:

@@ -84,18 +84,20 @@ def load_tools(references: Sequence[str], field: str = "spec.agent.tools") -> di
     return tools
 
 
-def check_record_tools(records: Sequence[Mapping[str, Any]], tools: Mapping[str, Tool]) -> None:
+def check_record_tools(
+    records: Sequence[Mapping[str, Any]], tools: Mapping[str, Tool], field: str = "spec.data.prompts"
+) -> None:
     """Every record's ``tools`` field (per-sample selection) is a list of names of configured tools."""
     for i, record in enumerate(records):
         names = record.get("tools")
         if names is None:
             continue
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise ToolLoadError(f"spec.data.prompts: record {i}: field 'tools' must be a list of tool names")
+            raise ToolLoadError(f"{field}: record {i}: field 'tools' must be a list of tool names")
         unknown = [n for n in names if n not in tools]
         if unknown:
             raise ToolLoadError(
-                f"spec.data.prompts: record {i}: tools {unknown} are not in spec.agent.tools "
+                f"{field}: record {i}: tools {unknown} are not in spec.agent.tools "
                 f"({', '.join(tools) or 'none'})"
             )
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from asyncrl_api import task as task_api
 
+from asyncrl_workloads.data import fields
+
 BUILTIN_FIELDS = ("prompt", "response", "conversation", "reference")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _QUOTE = 200
@@ -83,7 +85,7 @@ def render_conversation(messages: Sequence[Mapping[str, Any]]) -> str:
 
 def prompt_messages(record: Mapping[str, Any], prompt_key: str) -> list[dict[str, Any]]:
     """The record's prompt as chat messages (a string is one user message)."""
-    prompt = record.get(prompt_key)
+    prompt = fields.get(record, prompt_key)
     if isinstance(prompt, list):
         return [dict(m) for m in prompt if isinstance(m, Mapping)]
     return [] if prompt is None else [{"role": "user", "content": str(prompt)}]
@@ -103,7 +105,7 @@ def build_messages(
         conversation = [*asked, {"role": "assistant", "content": response}]
     users = [_content(m.get("content")) for m in asked if m.get("role") == "user"]
     values = {str(k): v if isinstance(v, str) else str(v) for k, v in record.items()}
-    reference = record.get(judge.reference_key)
+    reference = fields.get(record, judge.reference_key)
     values.update(
         prompt=users[-1] if users else "",
         response=response,

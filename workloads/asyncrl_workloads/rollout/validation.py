@@ -43,6 +43,7 @@ from asyncrl_api import config as config_mod
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import codec, subjects
+from asyncrl_workloads.data import fields
 from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
 from asyncrl_workloads.episode import parser as parser_mod
@@ -90,7 +91,7 @@ def sample_row(
     return {
         "step": step,
         "version": version,
-        "prompt": record.get(prompt_key),
+        "prompt": fields.get(record, prompt_key),
         "response": response,
         "reward": reward,
         "error": error,

@@ -38,6 +38,7 @@ from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import trajectory as trajectory_mod
+from asyncrl_workloads.data import fields
 from asyncrl_workloads.episode import chat as chat_mod
 from asyncrl_workloads.episode import loop as loop_mod
 from asyncrl_workloads.rewards import scorer as scorer_mod
@@ -277,7 +278,7 @@ class RolloutWorker:
                 log.warning("group %d: prompt not rendered, group skipped: %s", index, exc)
                 return []
         else:
-            prompt_ids = self.encode(str(record[self.s.prompt_key]))
+            prompt_ids = self.encode(str(fields.require(record, self.s.prompt_key)))
         # vLLM seeds sample i of an n-sample request with seed + i: groups' seeds n apart never share one
         params = self.engine.sampling(
             self.s.n, self.s.max_tokens, self.s.temperature, self.s.top_p, seed=seed * max(1, self.s.n)

@@ -153,7 +153,9 @@ class EndpointSpec(base.APIModel):
     """Secret key holding the API key (sent as a Bearer token); unset for endpoints without auth. The
     operator renders it as an env var from a secretKeyRef; it is never written to the config or logs."""
     timeout_seconds: float = pydantic.Field(default=60.0, gt=0.0, le=3600.0)
-    """Per-request timeout."""
+    """Total deadline of each attempt, in seconds: connecting, sending and reading the whole answer (a
+    server that keeps sending a byte now and then does not extend it). An attempt that misses it fails
+    as Unreachable and is retried like one."""
     max_concurrency: int = pydantic.Field(default=16, ge=1, le=4096)
     """Requests in flight at once from one process (rollout replica or trainer rank 0)."""
     max_retries: int = pydantic.Field(default=5, ge=0, le=20)
@@ -162,7 +164,8 @@ class EndpointSpec(base.APIModel):
     give_up_after_seconds: float = pydantic.Field(default=300.0, ge=10.0, le=86400.0)
     """An endpoint whose every request failed for this long ends the process with the classified error
     (shown in the EndpointsReady condition; the pod restarts and checks again), instead of dropping
-    samples forever."""
+    samples forever. Counted from the start of the first failed attempt; no retry starts after it, so
+    the process ends within about this plus timeoutSeconds."""
 
 
 class RateLimit(base.APIModel):

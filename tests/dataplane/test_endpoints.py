@@ -6,6 +6,7 @@ Every call runs on an ``endpoints.runner.Runner`` loop, as the judge's and the t
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import random
 import time
@@ -211,6 +212,54 @@ def test_a_hanging_server_is_unreachable_by_timeout(
     assert err.kind == "Unreachable" and "timeout" in err.message
     assert len(faults.arrivals) == retries + 1
     assert took < timeout * (retries + 1) + client_mod.BACKOFF_BASE_SECONDS + 2.0
+
+
+def test_a_dripping_server_is_unreachable_at_the_deadline_of_each_whole_attempt(
+    make: Callable[..., client_mod.Client], loop: runner.Runner, faults: fault_server.FaultServer
+) -> None:
+    faults.default = fault_server.DRIP  # a byte a second: no read waits long, the answer never ends
+    body_seconds = len(json.dumps(fault_server.completion("7")))  # ~230 s to send it all
+    timeout, retries = 2.0, 1
+    start = time.monotonic()
+    err = fails(loop, make(endpoint(faults.base_url, timeout=timeout, max_retries=retries), bound("drip")))
+    took = time.monotonic() - start
+    assert err.kind == "Unreachable" and err.retryable and "timeoutSeconds (2 s)" in err.message
+    assert len(faults.arrivals) == retries + 1 and requests_counted("drip", "Unreachable") == retries + 1
+    assert took < timeout * (retries + 1) + client_mod.BACKOFF_BASE_SECONDS + 10.0 < body_seconds
+
+
+def test_a_dripping_server_is_given_up_on_within_give_up_plus_timeout(
+    make: Callable[..., client_mod.Client], loop: runner.Runner, faults: fault_server.FaultServer
+) -> None:
+    faults.default = fault_server.DRIP
+    timeout, give_up = 1.5, 2.5  # the first back-off sleeps < 0.5 s: at least one retry before the give-up
+    client = make(endpoint(faults.base_url, timeout=timeout, max_retries=20, give_up_after=give_up))
+    start = time.monotonic()
+    err = fails(loop, client)
+    took = time.monotonic() - start
+    assert err.kind == "Unreachable" and client.gave_up() is err  # the rollout or trainer exits with it
+    assert 2 <= len(faults.arrivals) < 21  # retried, then stopped at the give-up, not at maxRetries
+    assert give_up < took < give_up + timeout + 5.0
+
+
+def test_a_redirect_to_a_login_page_is_unauthorized_naming_it(
+    make: Callable[..., client_mod.Client], loop: runner.Runner, faults: fault_server.FaultServer
+) -> None:
+    faults.default = fault_server.redirect(faults.login_url)  # the SDK follows it to a 200 HTML page
+    err = fails(loop, make(endpoint(faults.base_url, max_retries=3), bound("redirect")))
+    assert (err.kind, err.status, err.retryable) == ("Unauthorized", 302, False)
+    assert f"redirected the request (HTTP 302) to {faults.login_url} (which answered HTTP 200)" in err.message
+    assert "Bearer API key (here: the API key from Secret judge-key key apiKey)" in err.message
+    assert len(faults.arrivals) == 1 and requests_counted("redirect", "302") == 1
+
+
+def test_an_error_object_answered_with_200_is_quoted_first(
+    make: Callable[..., client_mod.Client], loop: runner.Runner, faults: fault_server.FaultServer
+) -> None:
+    faults.default = fault_server.answered_error({"message": "upstream provider overloaded", "code": 502})
+    err = fails(loop, make(endpoint(faults.base_url)))
+    assert err.kind == "BadResponse"
+    assert err.message.startswith("the endpoint answered an error: upstream provider overloaded (code 502)")
 
 
 @pytest.mark.parametrize(("rps", "burst"), [(20.0, 4), (8.0, 1)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import random
+import time
 
 import httpx2 as httpx  # the HTTP library under openai's SDK
 import openai
@@ -191,7 +192,10 @@ def test_unreachable_names_host_and_port_and_the_cause() -> None:
     err = errors.classify(refused, endpoint())
     assert "judge.models.svc:8000" in err.message and "refused" in err.message
     timeout = errors.classify(openai.APITimeoutError(request=REQUEST), endpoint(timeout=7.0))
-    assert "timeout (7 s)" in timeout.message
+    assert "no complete answer from judge.models.svc:8000 within timeoutSeconds (7 s)" in timeout.message
+    deadline = errors.classify(TimeoutError(), endpoint(timeout=3.0))  # asyncio.timeout's, in Client._call
+    assert (deadline.kind, deadline.retryable) == ("Unreachable", True)
+    assert "timeoutSeconds (3 s)" in deadline.message
     https = errors.classify(
         openai.APIConnectionError(request=REQUEST), endpoint(base_url="https://x.example/v1")
     )
@@ -214,6 +218,49 @@ def test_bad_response_quotes_the_first_200_characters() -> None:
     err = errors.bad_response(endpoint(), body, "the answer is not JSON")
     assert err.kind == "BadResponse" and err.code() == "BadResponse"
     assert ("<html>" + "x" * 194) in err.message and "x" * 195 not in err.message
+
+
+def redirect_error(
+    code: int, history: list[httpx.Response], headers: dict[str, str] | None = None
+) -> Exception:
+    response = httpx.Response(code, request=REQUEST, headers=headers or {}, history=history, text="<html>")
+    return openai.APIStatusError(f"Error code: {code}", response=response, body=None)
+
+
+LOGIN = "https://sso.example.com/login?rd=%2Fv1%2Fchat%2Fcompletions"
+
+
+def test_a_redirect_is_unauthorized_naming_where_it_went_and_the_bearer_key() -> None:
+    seen = errors.classify(redirect_error(302, [], {"Location": LOGIN}), endpoint())
+    assert (seen.kind, seen.status, seen.retryable) == ("Unauthorized", 302, False)
+    assert seen.message.startswith(f"the endpoint redirected the request (HTTP 302) to {LOGIN} instead")
+    assert "Bearer API key (here: the API key from Secret judge-key key apiKey)" in seen.message
+    assert "SSO/OAuth" in seen.message
+    hop = httpx.Response(302, request=REQUEST, headers={"Location": LOGIN})
+    followed = errors.classify(redirect_error(401, [hop]), endpoint(api_key=None, key_ref=None))
+    assert (followed.kind, followed.status) == ("Unauthorized", 302)  # the login page's own 401
+    assert "(HTTP 302) to " + URL in followed.message and "which answered HTTP 401" in followed.message
+    assert "no key is configured" in followed.message
+    assert errors.classify(redirect_error(503, [hop]), endpoint()).kind == "ServerError"  # its own class
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            '{"error": {"message": "upstream provider overloaded", "type": "server_error", "code": 502}}',
+            "the endpoint answered an error: upstream provider overloaded (code 502, type server_error); ",
+        ),
+        ('{"error": "quota exceeded"}', "the endpoint answered an error: quota exceeded; "),
+        ('{"error": {"code": 7}}', 'the endpoint answered an error: {"code": 7}; '),
+        ('{"id": "x"}', "the answer has no choices[0]; "),
+    ],
+)
+def test_an_error_object_in_place_of_choices_is_quoted_first(body: str, said: str) -> None:
+    with pytest.raises(errors.EndpointError) as info:
+        client.Client(endpoint())._choice(body)
+    assert info.value.kind == "BadResponse" and not info.value.retryable
+    assert info.value.message.startswith(said) and repr(body) in info.value.message
 
 
 @pytest.mark.parametrize("key", [KEY, KEY + "\n", " " + KEY])
@@ -281,10 +328,53 @@ def test_health_counts_from_the_first_failure_after_the_last_success() -> None:
     h.failed(err, 104.0)
     assert h.failing_for(108.0) == 8.0 and h.gave_up(108.0) is None
     assert h.gave_up(110.5) is err
-    h.succeeded()
+    h.succeeded(111.0)
     assert h.failing_for(200.0) == 0.0 and h.gave_up(200.0) is None
     h.failed(errors.classify(status_error(400), endpoint()), 300.0)  # one bad request: not the endpoint
     assert h.failing_for(400.0) == 0.0
+
+
+def test_a_failing_spell_starts_when_its_first_failed_attempt_started() -> None:
+    h = health.Health(give_up_after=10.0)
+    err = errors.classify(openai.APITimeoutError(request=REQUEST), endpoint())
+    h.failed(err, started=100.0)  # an attempt that hung from 100 to its deadline, reported at 160
+    assert h.failing_for(160.0) == 60.0 and h.gave_up(160.0) is err
+    h.failed(err, started=90.0)  # an earlier attempt ending later: the spell began at its start
+    assert h.failing_for(160.0) == 70.0
+    h.succeeded(170.0)
+    h.failed(err, started=165.0)  # began before that success ended: the spell starts at the success
+    assert h.failing_for(175.0) == 5.0 and h.gave_up(175.0) is None
+
+
+# --- the deadline and the give-up in Client._call ---------------------------------------------------------
+
+
+def test_an_attempt_that_never_completes_fails_at_its_deadline_and_retries_stop_at_the_give_up() -> None:
+    ep = endpoint(timeout=0.2, max_retries=20, give_up_after=1.5)  # back-off sleeps < 0.5 s at first
+    sends: list[float] = []
+
+    async def never(sdk: object) -> object:  # a send whose answer never ends (a dripping server)
+        sends.append(time.monotonic())
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def call() -> errors.EndpointError:
+        c = client.Client(ep)
+        try:
+            with pytest.raises(errors.EndpointError) as info:
+                await c._call(never, str)
+            assert c.gave_up() is info.value  # the process would exit now
+            return info.value
+        finally:
+            await c.close()
+
+    start = time.monotonic()
+    err = asyncio.run(call())
+    took = time.monotonic() - start
+    assert err.kind == "Unreachable" and "timeoutSeconds (0.2 s)" in err.message
+    assert 2 <= len(sends) < 21  # retried, then stopped long before maxRetries
+    assert 1.5 < took < 1.5 + 0.2 + 5.0  # giveUpAfterSeconds + timeoutSeconds, generous for a loaded box
+    assert sends[-1] - sends[0] <= 1.5 + 0.5  # no attempt starts once the client has given up
 
 
 # --- runner ---------------------------------------------------------------------------------------------

@@ -7,10 +7,19 @@ loop (vLLM's engine loop in a rollout) must never wait on network I/O.
 
 Every call, per attempt:
 
-    semaphore (maxConcurrency) -> token bucket (rateLimit) -> openai SDK request (timeout)
+    semaphore (maxConcurrency) -> token bucket (rateLimit)
+    -> openai SDK request and the whole answer read, under one deadline (timeoutSeconds)
     -> answer parsed, or the failure classified (errors.classify)
     -> metrics (requests{endpoint, code}, latency, bucket wait) and health
-    -> a retryable failure (RateLimited, Unreachable, ServerError) sleeps and tries again, up to maxRetries
+    -> a retryable failure (RateLimited, Unreachable, ServerError) sleeps and tries again, up to
+       maxRetries, unless the client has given up (``gave_up``): then the last error is raised
+
+The deadline is the attempt's total (``asyncio.timeout`` around the send and the body read): the HTTP
+library's own timeout bounds each read, so a server that sends a byte every second would never trip it
+and hold the call, and the process, forever. It does not cover the semaphore and bucket waits before the
+send (they are ours, not the endpoint's). A hung attempt that ends at its deadline counts as failing from
+its start (``health``), and no retry starts once the client has given up, so a process whose endpoint
+fails exits within about giveUpAfterSeconds + timeoutSeconds of the first failure.
 
 The bucket is taken after the concurrency slot, right before sending: taken before it, the tokens of
 requests queued behind a full semaphore would be spent while they wait and then sent together when slots
@@ -20,7 +29,9 @@ The SDK runs with ``max_retries=0``: its own retries would hide attempts from th
 ignore our cap and jitter, and count time we cannot see. Back-off is full jitter, uniform(0, min(30 s,
 0.5 s * 2**attempt)) (the AWS "exponential back-off and jitter" scheme), or the server's Retry-After in
 seconds when it sends one. Answers are read as raw JSON rather than the SDK's models, so that an answer
-without ``choices[0]`` is quoted in the BadResponse message exactly as it came.
+without ``choices[0]`` is quoted in the BadResponse message exactly as it came (after the message of an
+error object sent in its place). The SDK follows redirects; an unusable answer that came through one
+(a login page) is classified as ``errors.redirected``, not as a bad answer.
 
 An endpoint without a key gets a placeholder the SDK accepts (servers without auth ignore it).
 """
@@ -136,20 +147,33 @@ class Client:
                 waited = await self.bucket.acquire() if self.bucket is not None else 0.0
                 start = self.clock()
                 try:
-                    raw = await send(sdk)
-                    value = parse(raw.http_response.text)
-                except (openai.OpenAIError, errors.EndpointError) as exc:  # anything else is a bug: raised
+                    async with asyncio.timeout(self.endpoint.timeout):  # the whole attempt: see above
+                        raw = await send(sdk)
+                        await raw.http_response.aread()  # read already (not streamed): a no-op then
+                    value = self._parse(raw.http_response, parse)
+                except (openai.OpenAIError, errors.EndpointError, TimeoutError) as exc:  # else a bug: raised
                     err = await self._classify(exc)
                     self._count(err.code(), start, waited)
-                    self.health.failed(err, self.clock())
+                    self.health.failed(err, start)
                 else:
                     self._count(str(raw.status_code), start, waited)
-                    self.health.succeeded()
+                    self.health.succeeded(self.clock())
                     return value
-            if not err.retryable or attempt >= self.endpoint.max_retries:
+            if not err.retryable or attempt >= self.endpoint.max_retries or self.gave_up() is not None:
                 raise err
             await asyncio.sleep(min(backoff(attempt, err.retry_after), self.endpoint.give_up_after))
+            if self.gave_up() is not None:  # gave up while sleeping: no attempt that could last timeout
+                raise err
             attempt += 1
+
+    def _parse(self, response: Any, parse: Callable[[str], T]) -> T:
+        """``parse`` of the answer's text; an unusable answer reached through redirects is a redirect."""
+        try:
+            return parse(response.text)
+        except errors.EndpointError:
+            if response.history:
+                raise errors.redirected(self.endpoint, response) from None
+            raise
 
     async def _classify(self, exc: BaseException) -> errors.EndpointError:
         served = None
@@ -163,7 +187,8 @@ class Client:
             try:
                 if self.bucket is not None:
                     await self.bucket.acquire()
-                page = await self.sdk().with_options(timeout=MODELS_TIMEOUT_SECONDS).models.list()
+                async with asyncio.timeout(MODELS_TIMEOUT_SECONDS):
+                    page = await self.sdk().with_options(timeout=MODELS_TIMEOUT_SECONDS).models.list()
                 self._served = [m.id for m in page.data]
             except Exception:  # a base URL that serves nothing; the 404 message says so
                 return None
@@ -179,13 +204,15 @@ class Client:
             self.metrics.endpoint_ratelimit_wait[name].inc(waited)
 
     def _choice(self, text: str) -> dict[str, Any]:
-        """choices[0] of a JSON answer (BadResponse: not JSON, or no choices[0])."""
+        """choices[0] of a JSON answer (BadResponse: not JSON, an error object, or no choices[0])."""
         try:
             data = json.loads(text)
         except ValueError:
             raise errors.bad_response(self.endpoint, text, "the answer is not JSON") from None
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            if isinstance(data, dict) and data.get("error"):
+                raise errors.answered_error(self.endpoint, text, data["error"])
             raise errors.bad_response(self.endpoint, text, "the answer has no choices[0]")
         return choices[0]
 

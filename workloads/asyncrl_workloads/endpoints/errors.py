@@ -9,10 +9,13 @@ rollout or trainer writes before exiting (``termination.write``); the operator m
 and shows the class as the EndpointsReady condition's reason, the line as its message.
 
     Unauthorized  401/403, or a key the HTTP library refuses to send (a newline in it): names the Secret
-                  and key, says to check stray whitespace/newlines and a duplicated /v1 in the base URL
-    Unreachable   refused, DNS, timeout, proxy, TLS: names host and port            retryable
+                  and key, says to check stray whitespace/newlines and a duplicated /v1 in the base URL;
+                  a redirect where an answer should be (a login page): names where it went
+    Unreachable   refused, DNS, no complete answer within timeoutSeconds, proxy, TLS: names host and
+                  port                                                               retryable
     NotFound      404 (model or path): lists the served models when /models answered
-    BadResponse   an answer that is not JSON or has no choices[0]: quotes its first 200 characters
+    BadResponse   an answer that is not JSON or has no choices[0]: quotes its first 200 characters, after
+                  the message of an error object the server sent in place of choices
     RateLimited   429 (Retry-After kept)                                             retryable
     ServerError   5xx                                                                retryable
     BadRequest    any other 4xx (e.g. prompt too long): this request only, not retried
@@ -23,10 +26,11 @@ value whole), so every message is scrubbed of the key before it is stored.
 
 from __future__ import annotations
 
+import json
 import socket
 import typing
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol
 
 import openai
 
@@ -38,6 +42,20 @@ Kind = Literal[
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)
 RETRYABLE: frozenset[Kind] = frozenset({"RateLimited", "Unreachable", "ServerError"})
 BODY_QUOTE_CHARS = 200
+
+
+class Response(Protocol):
+    """What ``redirected`` reads of an HTTP response (the SDK's httpx response; its package name has
+    changed across SDK versions, so it is not imported)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def url(self) -> object: ...
+    @property
+    def history(self) -> Sequence[Response]: ...
 
 
 class EndpointError(Exception):
@@ -90,8 +108,11 @@ def classify(
     if isinstance(exc, EndpointError):
         return exc
     if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if 300 <= status < 400 or (exc.response.history and status < 500 and status != 429):
+            return redirected(endpoint, exc.response)
         body = body_hint or _text(exc)
-        return _from_status(exc.status_code, endpoint, body, served_models, retry_after(exc))
+        return _from_status(status, endpoint, body, served_models, retry_after(exc))
     if isinstance(exc, openai.APIConnectionError | OSError | TimeoutError):
         if _refused_header(exc, endpoint):
             return EndpointError("Unauthorized", endpoint, _unauthorized("the key was not sent", endpoint))
@@ -105,6 +126,44 @@ def bad_response(endpoint: settings.Endpoint, body: str, why: str) -> EndpointEr
     """An answer that came (2xx) but cannot be used: ``why`` and the first 200 characters of it."""
     quoted = body[:BODY_QUOTE_CHARS]
     return EndpointError("BadResponse", endpoint, f"{why}; the answer began: {quoted!r}", status=None)
+
+
+def answered_error(endpoint: settings.Endpoint, body: str, error: object) -> EndpointError:
+    """A 2xx whose body is an error object (``{"error": {"message": ...}}`` or ``{"error": "..."}``, as
+    some proxies and aggregators send) in place of choices: BadResponse, the error's own message first."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
+        details = [f"{k} {error[k]}" for k in ("code", "type") if isinstance(error.get(k), str | int)]
+        text = error["message"] + (f" ({', '.join(details)})" if details else "")
+    else:
+        text = error if isinstance(error, str) else json.dumps(error)
+    return bad_response(endpoint, body, f"the endpoint answered an error: {text[:BODY_QUOTE_CHARS]}")
+
+
+def redirected(endpoint: settings.Endpoint, response: Response) -> EndpointError:
+    """A redirect where an answer should be: the 3xx itself (``response``, its Location kept), or the
+    unusable end of redirects the HTTP library followed (a login page's 200 HTML, its 401/403/404/405).
+
+    Unauthorized, not BadResponse: an OpenAI-compatible server answers a POST itself; what redirects it
+    is almost always a login in front of the API (an SSO portal, oauth2-proxy, a cloud's identity-aware
+    proxy) sending what it takes for a browser to its sign-in page. The fix is the user's credentials or
+    base URL, as for a 401 (the EndpointsReady reason Unauthorized points there), not the model server
+    a BadResponse would send them to; and, as a 401, retrying cannot help. A 5xx or 429 after a redirect
+    keeps its own class."""
+    hops = [*response.history, response] if 300 <= response.status_code < 400 else list(response.history)
+    codes = " -> ".join(str(r.status_code) for r in hops)
+    if 300 <= response.status_code < 400:
+        to = response.headers.get("location") or "nowhere (no Location header)"
+        ended = ""
+    else:
+        to, ended = str(response.url), f" (which answered HTTP {response.status_code})"
+    to = to[:BODY_QUOTE_CHARS]
+    msg = (
+        f"the endpoint redirected the request (HTTP {codes}) to {to}{ended} instead of answering it, as a "
+        "login page in front of an API does: this client authenticates only with a Bearer API key (here: "
+        f"{_key_source(endpoint)}), never through an SSO/OAuth login; use an API key the endpoint accepts "
+        "without a login, or a base URL that is not behind one"
+    )
+    return EndpointError("Unauthorized", endpoint, msg, hops[0].status_code)
 
 
 def retry_after(exc: openai.APIStatusError) -> float | None:
@@ -143,6 +202,15 @@ def _from_status(
     return EndpointError("BadRequest", endpoint, f"{said}: the server refused this request", status)
 
 
+def _key_source(endpoint: settings.Endpoint) -> str:
+    """Where the key the client sends comes from, or why it sends none."""
+    if endpoint.api_key is not None:
+        return f"the API key from {endpoint.key_ref or 'the environment'}"
+    if endpoint.key_ref:
+        return f"no key reached the process, {endpoint.key_ref} is empty or unset"
+    return "no key is configured, set the endpoint's apiKeySecret"
+
+
 def _unauthorized(said: str, endpoint: settings.Endpoint) -> str:
     key = endpoint.api_key
     if key is None:
@@ -152,7 +220,7 @@ def _unauthorized(said: str, endpoint: settings.Endpoint) -> str:
             else "no API key is configured (set the endpoint's apiKeySecret)"
         )
     else:
-        where = f"the API key from {endpoint.key_ref or 'the environment'} was refused"
+        where = f"{_key_source(endpoint)} was refused"
     stray = " (it does: it starts or ends with whitespace)" if key is not None and key != key.strip() else ""
     double_v1 = " (it does)" if "/v1/v1" in endpoint.base_url.rstrip("/") + "/" else ""
     return (
@@ -164,8 +232,12 @@ def _unauthorized(said: str, endpoint: settings.Endpoint) -> str:
 def _unreachable(exc: BaseException, endpoint: settings.Endpoint) -> str:
     chain = _chain(exc)
     if any(isinstance(e, openai.APITimeoutError | TimeoutError) for e in chain):
-        why = f"no answer within the timeout ({endpoint.timeout:g} s)"
-    elif any(isinstance(e, ConnectionRefusedError) for e in chain) or _says(chain, "All connection attempts"):
+        return (
+            f"no complete answer from {endpoint.host_port()} within timeoutSeconds ({endpoint.timeout:g} s), "
+            "the deadline of each whole attempt (connect, send, read the answer to its end): the server "
+            "hangs, sends its answer too slowly, or needs longer (then raise timeoutSeconds)"
+        )
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or _says(chain, "All connection attempts"):
         why = "connection refused (nothing listens there)"
     elif any(isinstance(e, socket.gaierror) for e in chain) or _says(chain, "Name or service", "resolution"):
         why = "the host name does not resolve (DNS)"

@@ -39,13 +39,14 @@ class Endpoint:
     """Where the key comes from, for messages: "Secret s key k" (or "env NAME" for a local run's key
     without a Secret); None when no key is configured."""
     timeout: float = 60.0
-    """Seconds per attempt."""
+    """Total deadline of each attempt in seconds: connect, send and read the whole answer."""
     max_concurrency: int = 16
     """Attempts in flight at once from this process."""
     max_retries: int = 5
     """Retries of a retryable failure (RateLimited, Unreachable, ServerError) after the first attempt."""
     give_up_after: float = 300.0
-    """Seconds of nothing but failures after which ``Client.gave_up`` returns the error."""
+    """Seconds of nothing but failures (from the start of the first failed attempt) after which
+    ``Client.gave_up`` returns the error and no retry starts."""
     rps: float | None = None
     """Token-bucket rate in attempts per second; None: no bucket."""
     burst: int = 1

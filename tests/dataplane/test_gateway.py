@@ -238,24 +238,32 @@ def test_a_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
     assert {t.group_size for t in trajectories} == {2} and len({t.group_id for t in trajectories}) == 1
     assert sorted(t.sample_index for t in trajectories) == [0, 1]
     model = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
-    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    tool_turn = f"<|im_start|>tool\n{group['record']['secret']}<|im_end|>\n<|im_start|>assistant\n"
     for traj in trajectories:
         assert traj.reward == 0.75  # set by the agent for the session (the reward function says 0.25)
-        assert [m for m, _ in turns.runs(traj.mask)] == [1, 0, 1, 0, 1]
-        start = 0
-        for value, length in turns.runs(traj.mask):  # every mask-0 run is exactly the template's tool turn
-            if value == 0:
-                text = tokenizer.decode(traj.response_ids[start : start + length], skip_special_tokens=False)
-                ended_itself = traj.response_ids[start - 1] == end_of_turn
-                assert text == ("\n" if ended_itself else "<|im_end|>\n") + tool_turn
-            start += length
-        assert set(traj.versions) == {0}
-        generated = torch.tensor(traj.mask, dtype=torch.bool)
-        got = torch.tensor(traj.behaviour_logprobs)
-        want = turns.hf_logprobs(model, traj.prompt_ids, traj.response_ids)  # (R,)
-        assert float((got - want)[generated].abs().max()) <= LOGPROB_ATOL
-        assert all(lp == 0.0 for lp, m in zip(traj.behaviour_logprobs, traj.mask, strict=True) if m == 0)
+        assert_tool_trajectory(traj, tokenizer, model, group["record"]["secret"], turns=3)
+
+
+def assert_tool_trajectory(traj: Any, tokenizer: Any, model: Any, secret: str, turns: int) -> None:
+    """``turns`` generated turns (mask 1) with the engine's logprobs (transformers' for the same tokens),
+    each mask-0 run between them exactly the template's tool turn carrying ``secret``."""
+    from asyncrl_testing import turns as turns_mod
+
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tool_turn = f"<|im_start|>tool\n{secret}<|im_end|>\n<|im_start|>assistant\n"
+    assert [m for m, _ in turns_mod.runs(traj.mask)] == [1, 0] * (turns - 1) + [1]
+    start = 0
+    for value, length in turns_mod.runs(traj.mask):  # every mask-0 run is exactly the template's tool turn
+        if value == 0:
+            text = tokenizer.decode(traj.response_ids[start : start + length], skip_special_tokens=False)
+            ended_itself = traj.response_ids[start - 1] == end_of_turn
+            assert text == ("\n" if ended_itself else "<|im_end|>\n") + tool_turn
+        start += length
+    assert set(traj.versions) == {0}
+    generated = torch.tensor(traj.mask, dtype=torch.bool)
+    got = torch.tensor(traj.behaviour_logprobs)
+    want = turns_mod.hf_logprobs(model, traj.prompt_ids, traj.response_ids)  # (R,)
+    assert float((got - want)[generated].abs().max()) <= LOGPROB_ATOL
+    assert all(lp == 0.0 for lp, m in zip(traj.behaviour_logprobs, traj.mask, strict=True) if m == 0)
 
 
 def test_streaming_sends_the_text_as_it_comes_and_tool_calls_whole(host: Any, gw: Served) -> None:
@@ -388,6 +396,178 @@ def test_bad_requests_get_the_right_status_and_record_nothing(host: Any, gw: Ser
     assert gw.gateway.m.gateway_tokens["completion"]._value.get() == tokens  # nothing was generated
     # the group settled with one session ended empty and one expired: nothing published, the slot is free
     assert not gw.worker._inflight
+
+
+# ---- the Anthropic Messages API (Claude Code's dialect) ---------------------------------------------
+LOOKUP_ANTHROPIC = {"name": "lookup", "description": "Return the secret.",
+                    "input_schema": {"type": "object", "properties": {}}}  # fmt: skip
+CLAUDE_CODE_EXTRAS = {  # what Claude Code sends beside the conversation: accepted and ignored
+    "thinking": {"type": "adaptive", "display": "omitted"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+
+
+def anthropic_client(session: dict[str, Any], key: str | None = None) -> Any:
+    import anthropic
+
+    return anthropic.Anthropic(
+        base_url=session_url(session, ""), api_key=key or session["api_key"], max_retries=0, timeout=60,
+        default_headers={"anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"},
+    )  # fmt: skip
+
+
+def sse_events(url: str, body: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
+    """(event, data) of a streamed response, read off the wire."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "x-api-key": key},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as response:
+        text = response.read().decode()
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        events.append((lines.get("event", ""), json.loads(lines["data"])))
+    return events
+
+
+def test_a_messages_api_tool_session_is_one_trajectory_with_masks_and_the_engines_logprobs(
+    host: Any, gw: Served, tokenizer: Any, chat_model: Any
+) -> None:
+    """The anthropic SDK's tool loop, with everything Claude Code sends beside it (system blocks with
+    cache_control, thinking, context_management, output_config, metadata, beta headers, max_tokens
+    32000: capped to what the context leaves)."""
+    import transformers
+
+    group = open_group(gw, n=1)
+    (session,) = group["sessions"]
+    sdk, secret = anthropic_client(session), group["record"]["secret"]
+    system = [{"type": "text", "text": "You answer.", "cache_control": {"type": "ephemeral"}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": group["record"]["prompt"]}]
+    for _ in range(3):
+        reply = sdk.messages.create(
+            model="claude-sonnet-4-5", max_tokens=32000, system=system, messages=messages,
+            tools=[LOOKUP_ANTHROPIC], metadata={"user_id": "u"}, extra_body=CLAUDE_CODE_EXTRAS,
+        )  # fmt: skip
+        assert reply.stop_reason == "tool_use" and reply.id.startswith("msg_")
+        (use,) = [b for b in reply.content if b.type == "tool_use"]
+        assert use.name == "lookup" and use.input == {}
+        messages.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]}
+        )
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": secret}]}
+        )
+    assert (
+        post(session_url(session, "/rl/reward"), {"reward": 0.5, "call_id": reply.id}, session["api_key"])[0]
+        == 200
+    )
+    assert post(session_url(session, "/rl/end"), {}, session["api_key"])[1]["trajectories"] == 1
+    (traj,) = wait_group(host, gw, group)
+    assert traj.reward == 0.5  # set on the last call, by the Message id the SDK got
+    model = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
+    assert_tool_trajectory(traj, tokenizer, model, secret, turns=3)
+
+
+def test_messages_streams_anthropics_event_sequence_and_the_text_of_the_unstreamed_call(
+    host: Any, gw: Served
+) -> None:
+    group = open_group(gw, n=1)
+    (session,) = group["sessions"]
+    sdk = anthropic_client(session)
+    hello = {"model": "m", "max_tokens": 6, "messages": [{"role": "user", "content": "hello"}]}
+    with sdk.messages.stream(**hello, extra_body={"seed": 7}) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    same = sdk.messages.create(**hello, extra_body={"seed": 7})
+    assert [b.text for b in same.content] == ([text] if text else [])  # one seed, the same tokens
+    assert final.stop_reason == same.stop_reason and final.usage.output_tokens == same.usage.output_tokens
+    # with tools, on the wire: the text block whole, then the tool_use block with one input_json_delta
+    events = sse_events(
+        session["base_url"] + "/messages?beta=true",
+        {**hello, "tools": [LOOKUP_ANTHROPIC], "stream": True, **CLAUDE_CODE_EXTRAS}, session["api_key"],
+    )  # fmt: skip
+    kinds = [e for e, _ in events]
+    has_text = kinds[2:5] == ["content_block_start", "content_block_delta", "content_block_stop"]
+    tool_at = 5 if has_text else 2
+    assert kinds[:2] == ["message_start", "ping"] and all(e == d["type"] for e, d in events)
+    assert kinds[tool_at:] == ["content_block_start", "content_block_delta", "content_block_stop",
+                               "message_delta", "message_stop"]  # fmt: skip
+    assert events[tool_at][1]["content_block"]["type"] == "tool_use"
+    assert events[tool_at + 1][1]["delta"] == {"type": "input_json_delta", "partial_json": "{}"}
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    with sdk.messages.stream(**hello, tools=[LOOKUP_ANTHROPIC]) as stream:  # the SDK assembles the same
+        tool_final = stream.get_final_message()
+    assert [(b.type, b.name, b.input) for b in tool_final.content if b.type == "tool_use"] == [
+        ("tool_use", "lookup", {})
+    ]
+    assert post(session_url(session, "/rl/end"), {}, session["api_key"])[0] == 200
+    assert len(wait_group(host, gw, group)) == 4  # four calls from the same messages: four roots
+
+
+def test_messages_refusals_are_anthropic_shaped_and_record_nothing(gw: Served) -> None:
+    import anthropic
+
+    group = open_group(gw, n=1, record=None)
+    (session,) = group["sessions"]
+    key, url = session["api_key"], session["base_url"] + "/messages"
+    tokens = gw.gateway.m.gateway_tokens["completion"]._value.get()
+    hello = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    BAD = "invalid_request_error"
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+
+    def apost(target: str, body: Any, api_key: str | None, bearer: str | None = None) -> Any:
+        request = urllib.request.Request(target, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        if api_key is not None:
+            request.add_header("x-api-key", api_key)
+        if bearer is not None:
+            request.add_header("Authorization", f"Bearer {bearer}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    cases = [
+        (apost(url, hello, None), 401, "authentication_error", "ANTHROPIC_API_KEY"),
+        (apost(url, hello, None, bearer="sk-ant-oat01-subscription"), 401, "authentication_error",
+         "ANTHROPIC_BASE_URL"),
+        (apost(f"{gw.url}/v1/messages", hello, "sk-wrong"), 401, "authentication_error",
+         f"{gw.url}/sessions/<session_id>"),
+        (apost(f"{gw.url}/sessions/sess-0/v1/messages", hello, key), 404, "not_found_error", "sess-0"),
+        (apost(url, {**hello, "mcp_servers": []}, key), 400, BAD, "mcp_servers"),
+        (apost(url, {**hello, "output_config": {"format": {"type": "json_schema", "schema": {}}}}, key),
+         400, BAD, "output_config.format"),
+        (apost(url, {**hello, "tool_choice": {"type": "any"}, "tools": [LOOKUP_ANTHROPIC]}, key), 400,
+         BAD, "tool_choice.type"),
+        (apost(url, {**hello, "messages": "hi"}, key), 400, BAD, "messages"),
+        (apost(url, {**hello, "max_tokens": 0}, key), 400, BAD, "max_tokens"),
+        (apost(url, {**hello, "messages": [{"role": "user", "content": [image]}]}, key), 400,
+         BAD, "text"),
+        (apost(url, {**hello, "temperature": -1.0}, key), 400, BAD, "temperature"),
+        (apost(url, {**hello, "system": "x" * 70_000}, key), 413, "request_too_large", "maxBodyBytes"),
+    ]  # fmt: skip
+    for (status, body), want_status, want_type, named in cases:
+        assert (status, body["type"], body["error"]["type"]) == (want_status, "error", want_type), body
+        assert named in body["error"]["message"], body
+    with pytest.raises(anthropic.AuthenticationError):  # the SDK reads our 401 as Anthropic's
+        anthropic_client(session, key="sk-wrong").messages.create(**hello)
+    with pytest.raises(anthropic.BadRequestError):
+        anthropic_client(session).messages.create(**hello, extra_body={"container": "c"})
+    assert gw.gateway.m.gateway_tokens["completion"]._value.get() == tokens  # nothing was generated
+    assert not gw.gateway.sessions[session["session_id"]].calls  # nor recorded
+    # count_tokens by key alone (x-api-key on /v1/...): the rendered conversation's length, nothing recorded
+    count = anthropic_client({"base_url": f"{gw.url}/v1"}, key=key).messages.count_tokens(
+        model="m", messages=hello["messages"], tools=[LOOKUP_ANTHROPIC]
+    )
+    assert count.input_tokens > 0
+    assert post(session_url(session, "/rl/end"), {}, key)[0] == 200
+    status, body = apost(url, hello, key)
+    assert (status, body["error"]["type"]) == (409, "invalid_request_error")
+    for route, code in (("messages", 400), ("messages", 401), ("messages", 409), ("count_tokens", 200)):
+        assert gw.gateway.m.gateway_requests_by(route, code)._value.get() >= 1, (route, code)
 
 
 def test_a_group_waits_for_a_free_slot_with_429_and_retry_after(

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import uvicorn
+from asyncrl_workloads.gateway import messages_api, responses_api
 from asyncrl_workloads.gateway import service as service_mod
 from asyncrl_workloads.gateway.sessions import Session, SessionError
 from starlette.applications import Starlette
@@ -73,6 +74,19 @@ class GatewayApp:
                 Route(f"{prefix}/v1/models", self._route("models", self.models), methods=["GET"]),
                 Route(f"{prefix}/rl/reward", self._user("reward", self.reward), methods=["POST"]),
                 Route(f"{prefix}/rl/end", self._user("end", self.end), methods=["POST"]),
+                Route(
+                    f"{prefix}/v1/messages",
+                    self._anthropic("messages", messages_api.create),
+                    methods=["POST"],
+                ),
+                Route(
+                    f"{prefix}/v1/responses", self._face("responses", responses_api.create), methods=["POST"]
+                ),
+                Route(
+                    f"{prefix}/v1/messages/count_tokens",
+                    self._anthropic("count_tokens", messages_api.count_tokens),
+                    methods=["POST"],
+                ),
             ]
         self.app = Starlette(routes=routes)
 
@@ -111,15 +125,20 @@ class GatewayApp:
     def _count(self, route: str, code: int) -> None:
         self.g.m.gateway_requests_by(route, code).inc()
 
-    def _route(self, route: str, handler: Callable[[Request], Awaitable[Response]]) -> Any:
-        """The endpoint for ``handler``: a SessionError becomes its OpenAI-shaped answer, every answer is
-        counted under ``route``."""
+    def _route(
+        self,
+        route: str,
+        handler: Callable[[Request], Awaitable[Response]],
+        shape: Callable[[SessionError, Request], Response] | None = None,
+    ) -> Any:
+        """The endpoint for ``handler``: a SessionError becomes its answer in the API's error shape
+        (``shape``; OpenAI's by default), every answer is counted under ``route``."""
 
         async def endpoint(request: Request) -> Response:
             try:
                 response = await handler(request)
             except SessionError as exc:
-                response = error(exc)
+                response = error(exc) if shape is None else shape(exc, request)
             except ClientDisconnect:  # the agent went away mid-request (stopped): nothing to answer
                 response = Response(status_code=CLIENT_GONE)
             self._count(route, response.status_code)
@@ -145,6 +164,35 @@ class GatewayApp:
             return await handler(session, await self._body(request))
 
         return self._route(route, call)
+
+    def _face(
+        self,
+        route: str,
+        handler: Callable[[service_mod.Gateway, Session, dict[str, Any]], Awaitable[Response]],
+    ) -> Any:
+        """A route of another OpenAI API (errors in OpenAI's shape) served by a face module."""
+
+        async def call(request: Request) -> Response:
+            session = self.g.session(request.path_params.get("session_id"), self._bearer(request))
+            return await handler(self.g, session, await self._body(request))
+
+        return self._route(route, call)
+
+    def _anthropic(
+        self,
+        route: str,
+        handler: Callable[[service_mod.Gateway, Session, dict[str, Any]], Awaitable[Response]],
+    ) -> Any:
+        """A Messages API route: the key from x-api-key or Bearer, errors in Anthropic's shape."""
+
+        async def call(request: Request) -> Response:
+            session = self.g.session(request.path_params.get("session_id"), messages_api.key(request))
+            return await handler(self.g, session, await self._body(request))
+
+        def shape(exc: SessionError, request: Request) -> Response:
+            return messages_api.error(exc, request, self.g.s.public_url)
+
+        return self._route(route, call, shape)
 
     # ---- routes -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:

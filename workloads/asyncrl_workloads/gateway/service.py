@@ -49,7 +49,7 @@ CLOSED_KEPT = 100_000
 
 CHAT_SUPPORTED = {
     "messages", "model", "max_tokens", "max_completion_tokens", "n", "seed", "stop", "stream",
-    "stream_options", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "user",
+    "stream_options", "temperature", "top_p", "top_k", "tools", "tool_choice", "parallel_tool_calls", "user",
     "logprobs", "top_logprobs", "return_token_ids",
 }  # fmt: skip
 COMPLETION_SUPPORTED = {
@@ -286,7 +286,7 @@ class Gateway:
         try:
             params = self.engine.sampling(
                 1, max_tokens, temperature, top_p, seed=req.seed, stop_token_ids=self.s.stop_token_ids,
-                stop=stop, stream=bool(req.stream),
+                stop=stop, stream=bool(req.stream), top_k=getattr(req, "top_k", None),
             )  # fmt: skip
         except (ValueError, VLLMValidationError) as exc:  # vLLM's own checks of the sampling parameters
             raise SessionError(400, str(exc), "invalid_value") from None
@@ -324,7 +324,7 @@ class Gateway:
         session.last_active = sessions_mod.now()
         self.m.gateway_tokens["prompt"].inc(len(ep.context_ids))
         self.m.gateway_tokens["completion"].inc(len(c.token_ids))
-        call_id = ("chatcmpl-" if prep.messages is not None else "cmpl-") + uuid.uuid4().hex
+        call_id = prep.call_id or ("chatcmpl-" if prep.messages is not None else "cmpl-") + uuid.uuid4().hex
         content, calls, finish = c.text, [], c.finish_reason or "stop"
         if prep.messages is not None and prep.parse_tools and c.token_ids:
             try:
@@ -437,6 +437,9 @@ class Prepared:
     tools: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     tools_key: str = ""
     parse_tools: bool = False
+    call_id: str = ""
+    """The id the call will be recorded under; set by a face that must name it before it is generated
+    (a stream's first event), otherwise made when it is recorded."""
 
 
 def _validate(model: type[pydantic.BaseModel], body: Mapping[str, Any], supported: set[str]) -> Any:

@@ -119,6 +119,9 @@ class Session:
     state: str = "open"
     calls: list[Call] = dataclasses.field(default_factory=list)
     session_reward: float | None = None
+    responses: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    """Responses API: a stored response's conversation (its request's messages and its reply), what a
+    later call's ``previous_response_id`` continues."""
 
     def check_open(self) -> None:
         if self.state == "expired":

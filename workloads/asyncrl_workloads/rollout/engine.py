@@ -60,6 +60,8 @@ class Completion:
     """Policy version that produced token_ids[t]."""
     finish_reason: str | None
     text: str
+    stop_reason: int | str | None = None
+    """What stopped a ``stop`` finish: the matched stop string, a stop token id, or None (EOS)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +146,7 @@ class RolloutEngine:
         stop_token_ids: Sequence[int] = (),
         stop: Sequence[str] = (),
         stream: bool = False,
+        top_k: int | None = None,
     ) -> SamplingParams:
         """``stop`` strings and ``stream`` (for ``stream``) need vLLM's incremental detokenizer; without
         them text is decoded once per sample in ``generate``."""
@@ -154,6 +157,7 @@ class RolloutEngine:
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
+            top_k=0 if top_k is None else top_k,  # 0: all tokens (vLLM's default)
             logprobs=0,
             seed=seed if self.seeded else None,
             output_kind=RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY,
@@ -350,4 +354,4 @@ def _completion(c: Any, fallback_version: int, text: str) -> Completion:
             continue
         for i in range(span.start, min(span.end, len(token_ids))):
             versions[i] = int(span.version)
-    return Completion(token_ids, logprobs, versions, c.finish_reason, text)
+    return Completion(token_ids, logprobs, versions, c.finish_reason, text, c.stop_reason)

@@ -98,10 +98,12 @@ class DataSpec(base.APIModel):
     model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_DATA_RULES))
 
     prompts: str = pydantic.Field(min_length=1, max_length=4096)
-    """A JSONL file of records (one prompt each), or `builtin:<task>` for a synthetic task shipped
-    with asyncrl (its reward comes with it)."""
+    """Records (one prompt each), read by what the path is: a parquet file (`.parquet`, e.g. verl's
+    preprocessed data), a folder of parquet files, a Hugging Face `datasets` folder written by
+    `save_to_disk` (memory-mapped), a `.json` array, or JSON Lines (any other name); or
+    `builtin:<task>` for a synthetic task shipped with asyncrl (its reward comes with it)."""
     validation: str | None = pydantic.Field(default=None, min_length=1, max_length=4096)
-    """Optional validation set, read like data.prompts (a JSONL file, or `builtin:<task>` naming the
+    """Optional validation set, read like data.prompts (a data file, or `builtin:<task>` naming the
     prompts' own task). Rollout replica 0 generates every record once at temperature 0 under the
     initial weights and then under each policy version whose trainer step crosses a multiple of
     validateEverySteps, scores the answers with the job's reward, and reports the mean
@@ -110,8 +112,9 @@ class DataSpec(base.APIModel):
     """Trainer steps between validation runs (default 10 when data.validation is set); needs
     data.validation."""
     prompt_key: str = pydantic.Field(default="prompt", min_length=1, max_length=256)
-    """Record field holding the prompt: a string (one user message) or, with format chat, a list of
-    `{role, content}` messages. The whole record is passed to the reward function."""
+    """Record field holding the prompt (a dotted key reaches into nested fields: `question.text`): a
+    string (one user message) or, with format chat, a list of `{role, content}` messages. The whole
+    record is passed to the reward function."""
     format: Literal["chat", "raw"] = "chat"
     """chat: prompts are rendered with the model's chat template (`tokenizer.apply_chat_template`, with
     the tool schemas when spec.agent is set); a model without a template is refused at rollout start.
@@ -224,7 +227,8 @@ class JudgeSpec(base.APIModel):
     system: str | None = pydantic.Field(default=None, min_length=1, max_length=32768)
     """Optional system message."""
     reference_key: str = pydantic.Field(default="answer", min_length=1, max_length=256)
-    """Record field holding the reference answer (empty when the record has none)."""
+    """Record field holding the reference answer, a dotted key for nested fields
+    (`reward_model.ground_truth`); empty when the record has none."""
     score: ScoreRange = pydantic.Field(default_factory=ScoreRange)
     """Numeric scores: the reward is (score - min) / (max - min). Unused when verdicts is set."""
     verdicts: (
@@ -271,6 +275,13 @@ _REWARD_RULES = (
         field_path=".functionWeight",
         check=lambda r: r.function_weight == 1.0 or (r.type == "judge" and r.function is not None),
     ),
+    base.Rule(
+        cel="!has(self.groundTruthKey) || has(self.function)",
+        message="reward.groundTruthKey is what a verl-style reward.function gets as ground_truth: it needs"
+        " reward.function",
+        field_path=".groundTruthKey",
+        check=lambda r: r.ground_truth_key is None or r.function is not None,
+    ),
 )
 
 
@@ -283,9 +294,16 @@ class RewardSpec(base.APIModel):
     """function: a Python rule function; judge: a generative reward model behind an endpoint (plus
     reward.function when set: reward = functionWeight * function + judge.weight * judge)."""
     function: str | None = pydantic.Field(default=None, pattern=IMPORT_PATH, max_length=512)
-    """"package.module:fn" called as fn(record, response_text) -> float (or an `async def`). With type
-    function it is required unless data.prompts is `builtin:<task>`, whose task supplies its reward;
-    with type judge it is optional and added to the judge's score."""
+    """"package.module:fn" called as fn(record, response_text) -> float, or (a function with a
+    `solution_str` parameter) as verl's compute_score(data_source=, solution_str=, ground_truth=,
+    extra_info=); either may be `async def` and may return a dict whose `score` is the reward and whose
+    other numeric keys are per-sample metrics (`asyncrl_reward_extra{key}`). With type function it is
+    required unless data.prompts is `builtin:<task>`, whose task supplies its reward; with type judge it
+    is optional and added to the judge's score."""
+    ground_truth_key: str | None = pydantic.Field(default=None, min_length=1, max_length=256)
+    """Record field (a dotted key) a verl-style reward.function gets as ground_truth; unset:
+    `reward_model.ground_truth`, verl's row layout. Every record must hold it (checked when the rollout
+    starts). A (record, response) function is refused at rollout start when it is set."""
     function_weight: float = pydantic.Field(default=1.0, ge=-1e6, le=1e6)
     """Weight of the function when combined with a judge."""
     endpoint: EndpointSpec | None = None

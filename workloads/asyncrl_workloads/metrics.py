@@ -87,6 +87,14 @@ INFLIGHT_GROUP_SECONDS = _counter(
 )
 TOKENS_GENERATED = _counter("asyncrl_tokens_generated", "Response tokens generated.")
 REWARD = _histogram("asyncrl_reward", "Reward per trajectory.", _REWARD_BUCKETS)
+REWARD_EXTRA = prometheus_client.Summary(
+    "asyncrl_reward_extra",
+    "The numeric extras of a reward function's dict result (verl's reward_extra_info), by key: "
+    "rate(_sum) / rate(_count) is their mean. At most 32 keys per process.",
+    (*_LABELS, "key"),
+    registry=REGISTRY,
+)
+_MAX_REWARD_EXTRA_KEYS = 32
 PARTIAL_ROLLOUTS = _counter(
     "asyncrl_partial_rollouts", "Samples whose tokens span more than one policy version."
 )
@@ -205,6 +213,7 @@ class Bound:
         self.reward = REWARD.labels(*values)
         self.partial_rollouts = PARTIAL_ROLLOUTS.labels(*values)
         self._values = values
+        self._extra_keys: set[str] = set()
         self.tool_seconds = TOOL_SECONDS.labels(*values)
         self.agent_turns = AGENT_TURNS.labels(*values)
         self.preempted = PREEMPTED.labels(*values)
@@ -239,6 +248,15 @@ class Bound:
     def endpoint_requests_by(self, endpoint: str, code: str) -> prometheus_client.Counter:
         """Bounded: ``endpoint`` is judge or teacher; ``code`` an HTTP status or an error class name."""
         return ENDPOINT_REQUESTS.labels(*self._values, endpoint, code)
+
+    def reward_extra_by(self, key: str) -> prometheus_client.Summary:
+        """``asyncrl_reward_extra{key}``. Bounded: the first 32 keys get a series, later ones share
+        ``key="_other"`` (a dict result's keys are a function's fixed names, not per-sample values)."""
+        if key not in self._extra_keys:
+            if len(self._extra_keys) >= _MAX_REWARD_EXTRA_KEYS:
+                key = "_other"
+            self._extra_keys.add(key)
+        return REWARD_EXTRA.labels(*self._values, key)
 
     def tool_calls_by(self, tool: str, outcome: str) -> prometheus_client.Counter:
         """``asyncrl_tool_calls_total`` for one tool and outcome. Bounded: callers pass a configured

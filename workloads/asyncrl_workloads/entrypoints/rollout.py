@@ -45,14 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     spec = cfg.spec
     try:
         reward_fn = scorer.resolve_function(spec.reward, spec.data.prompts)
-        records = source.load_prompts(
-            spec.data.prompts, spec.data.prompt_key, chat=spec.data.format == "chat"
-        )
+        needs = scorer.record_fields(spec.reward, reward_fn)  # e.g. a verl function's ground truth
+        chat = spec.data.format == "chat"
+        records = source.load_prompts(spec.data.prompts, spec.data.prompt_key, chat=chat, required=needs)
         tools = tools_mod.load_tools(spec.agent.tools) if spec.agent is not None else {}
         validation: Sequence[Mapping[str, Any]] = ()  # replica 0 runs it (rollout/validation.py)
         if spec.data.validation is not None and replica == 0:
             validation = source.load_prompts(
-                spec.data.validation, spec.data.prompt_key, "spec.data.validation", spec.data.format == "chat"
+                spec.data.validation, spec.data.prompt_key, "spec.data.validation", chat, needs
             )
         if spec.agent is not None:
             tools_mod.check_record_tools(records, tools)

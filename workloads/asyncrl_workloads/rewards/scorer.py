@@ -6,6 +6,7 @@ the replica publishes, concurrently for the samples of a group. A rule function 
 plain one runs inline (rule functions are cheap string checks; one that is not should be async).
 
     reward = function(record, response[, episode])                          reward.type function
+             (or verl's compute_score(data_source, solution_str, ground_truth, extra_info): rewards/loader.py)
     reward = judge                                                          reward.type judge
     reward = functionWeight * function(...) + judge.weight * judge          judge with a function
 
@@ -18,7 +19,6 @@ longer than ``giveUpAfterSeconds`` (it exits with the classified line, which the
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,17 +72,26 @@ class Scorer:
         function: loader.RewardFn | None,
         judge: Judge | None = None,
         function_weight: float = 1.0,
+        ground_truth_key: str = loader.DEFAULT_GROUND_TRUTH_KEY,
+        metrics: metrics_mod.Bound | None = None,
     ) -> None:
+        """``ground_truth_key``: the record field a verl-style function gets as ground_truth;
+        ``metrics``: where a dict result's extra keys go (``asyncrl_reward_extra{key}``)."""
         if function is None and judge is None:
             raise ValueError("a reward needs a function, a judge or both")
         self.function, self.judge, self.function_weight = function, judge, function_weight
+        self.ground_truth_key, self.metrics = ground_truth_key, metrics
 
     async def score(self, record: Mapping[str, Any], response: str, episode: Any = None) -> float:
         """The sample's reward (see the module docstring); ``episode`` is the agent loop's recorder or
         a gateway session's (its ``messages`` are the conversation the judge reads), None otherwise."""
         total = 0.0
         if self.function is not None:
-            value = await call_function(self.function, record, response, episode)
+            result = await call_function(self.function, record, response, episode, self.ground_truth_key)
+            if self.metrics is not None:
+                for key, extra in result.extras.items():
+                    self.metrics.reward_extra_by(key).observe(extra)
+            value = result.value
             total += value * (self.function_weight if self.judge is not None else 1.0)
         if self.judge is not None:
             conversation = getattr(episode, "messages", None) if episode is not None else None
@@ -94,15 +103,18 @@ class Scorer:
         return self.judge.client.gave_up() if self.judge is not None else None
 
 
-async def call_function(fn: loader.RewardFn, record: Mapping[str, Any], response: str, episode: Any) -> float:
-    """``loader.score`` for sync and ``async def`` rule functions alike."""
-    if not inspect.iscoroutinefunction(fn):
-        return loader.score(fn, record, response, episode)
-    takes = loader.takes_episode(fn)
-    value = float(await (fn(record, response, episode) if takes else fn(record, response)))  # type: ignore[call-arg]
-    if not math.isfinite(value):
-        raise ValueError(f"reward function returned {value} for response {response[:40]!r}")
-    return value
+async def call_function(
+    fn: loader.RewardFn,
+    record: Mapping[str, Any],
+    response: str,
+    episode: Any,
+    ground_truth_key: str = loader.DEFAULT_GROUND_TRUTH_KEY,
+) -> loader.Scored:
+    """``loader.call`` for sync and ``async def`` rule functions alike, its result as a ``Scored``."""
+    result = loader.call(fn, record, response, episode, ground_truth_key)
+    if inspect.isawaitable(result):
+        result = await result
+    return loader.scored(result, response)
 
 
 def resolve_function(reward: task_api.RewardSpec, prompts: str) -> loader.RewardFn | None:
@@ -111,6 +123,21 @@ def resolve_function(reward: task_api.RewardSpec, prompts: str) -> loader.Reward
     if reward.type == "judge":
         return loader.load_reward(reward.function) if reward.function else None
     return loader.resolve(reward.function, prompts)
+
+
+def record_fields(reward: task_api.RewardSpec, function: loader.RewardFn | None) -> dict[str, str]:
+    """The record fields every record must hold for this reward, each with the spec field naming it:
+    a verl-style function's ground truth (reward.groundTruthKey). RewardLoadError: groundTruthKey set
+    for a function that does not read it."""
+    if function is not None and loader.is_verl_style(function):
+        key = reward.ground_truth_key or loader.DEFAULT_GROUND_TRUTH_KEY
+        return {key: "spec.reward.groundTruthKey" if reward.ground_truth_key else "verl's ground_truth"}
+    if reward.ground_truth_key is not None:
+        raise loader.RewardLoadError(
+            f"spec.reward.groundTruthKey: only a verl-style reward.function (one with a solution_str"
+            f" parameter) reads it; {reward.function!r} takes (record, response)"
+        )
+    return {}
 
 
 def build(
@@ -122,8 +149,9 @@ def build(
     """The job's scorer and, for a judge, the started runner the caller stops at exit (ValueError: a
     template placeholder nothing fills)."""
     reward = cfg.spec.reward
+    truth = reward.ground_truth_key or loader.DEFAULT_GROUND_TRUTH_KEY
     if reward.type != "judge":
-        return Scorer(function), None
+        return Scorer(function, ground_truth_key=truth, metrics=metrics), None
     spec = reward.judge_settings()
     judge_mod.check_template(spec, records[0].keys() if records else None)
     endpoint = endpoint_settings.judge(cfg.spec)
@@ -131,4 +159,4 @@ def build(
     runner.start()
     client = client_mod.Client(endpoint, metrics)
     judge = Judge(spec, client, runner, cfg.spec.data.prompt_key)
-    return Scorer(function, judge, reward.function_weight), runner
+    return Scorer(function, judge, reward.function_weight, truth, metrics), runner

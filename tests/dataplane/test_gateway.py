@@ -570,6 +570,105 @@ def test_messages_refusals_are_anthropic_shaped_and_record_nothing(gw: Served) -
         assert gw.gateway.m.gateway_requests_by(route, code)._value.get() >= 1, (route, code)
 
 
+# ---- the OpenAI Responses API (the Agents SDK's default) --------------------------------------------
+LOOKUP_RESPONSES = {"type": "function", "name": "lookup", "description": "Return the secret.",
+                    "parameters": {"type": "object", "properties": {}}}  # fmt: skip
+
+
+def test_responses_api_sessions_stateless_and_chained_are_one_trajectory_each_with_the_engines_logprobs(
+    host: Any, gw: Served, tokenizer: Any, chat_model: Any
+) -> None:
+    """Session 0 is stateless (store false, the whole input every call, output items echoed back as an
+    agent does); session 1 chains previous_response_id. Each is one trajectory of three turns."""
+    import transformers
+
+    group = open_group(gw, n=2)
+    secret = group["record"]["secret"]
+    for chained, session in enumerate(group["sessions"]):
+        sdk = client(session)
+        items: list[Any] = [
+            {"role": "user", "content": [{"type": "input_text", "text": group["record"]["prompt"]}]}
+        ]
+        previous = None
+        for _ in range(3):
+            reply = sdk.responses.create(
+                model="gpt-any", instructions="You answer.", tools=[LOOKUP_RESPONSES], store=bool(chained),
+                input=items[-1:] if previous else items, previous_response_id=previous,
+                reasoning={"effort": "low"}, include=["reasoning.encrypted_content"], prompt_cache_key="k",
+            )  # fmt: skip
+            assert reply.status == "completed" and reply.id.startswith("resp_")
+            (call,) = [o for o in reply.output if o.type == "function_call"]
+            assert call.name == "lookup" and call.arguments == "{}"
+            items += [o.model_dump(exclude_none=True) for o in reply.output]
+            items.append({"type": "function_call_output", "call_id": call.call_id, "output": secret})
+            previous = reply.id if chained else None
+        assert post(session_url(session, "/rl/end"), {}, session["api_key"])[1]["trajectories"] == 1
+    model = transformers.AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
+    for traj in wait_group(host, gw, group):
+        assert_tool_trajectory(traj, tokenizer, model, secret, turns=3)
+
+
+def test_responses_streams_the_event_sequence_and_the_text_of_the_unstreamed_call(
+    host: Any, gw: Served
+) -> None:
+    group = open_group(gw, n=1)
+    (session,) = group["sessions"]
+    sdk = client(session)
+    hello = {"model": "m", "input": "hello", "max_output_tokens": 6, "extra_body": {"seed": 7}}
+    events = list(sdk.responses.create(**hello, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] in (
+        "response.completed", "response.incomplete",
+    )  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    same = sdk.responses.create(**hello)
+    assert same.output_text == text == events[-1].response.output_text  # one seed, the same tokens
+    with_tools = [e.type for e in sdk.responses.create(**hello, tools=[LOOKUP_RESPONSES], stream=True)]
+    at = with_tools.index("response.function_call_arguments.delta")
+    assert with_tools[at - 1 : at + 3] == [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+    ]  # fmt: skip
+    assert post(session_url(session, "/rl/end"), {}, session["api_key"])[0] == 200
+    assert len(wait_group(host, gw, group)) == 3  # three calls from the same input: three roots
+
+
+def test_responses_refusals_are_openai_shaped_and_record_nothing(gw: Served) -> None:
+    group = open_group(gw, n=1, record=None)
+    (session,) = group["sessions"]
+    key, url = session["api_key"], session["base_url"] + "/responses"
+    tokens = gw.gateway.m.gateway_tokens["completion"]._value.get()
+    hello = {"model": "m", "input": "hi"}
+    bad, image = "unsupported_parameter", {"type": "input_image", "image_url": "u"}
+    cases = [
+        (post(url, hello, key=None), 401, "invalid_api_key", "key"),
+        (post(f"{gw.url}/v1/responses", hello, key="sk-wrong"), 401, "invalid_api_key", "key"),
+        (post(url, {**hello, "tools": [{"type": "web_search"}]}, key), 400, bad, "tools[0].type: web_search"),
+        (post(url, {**hello, "background": True}, key), 400, bad, "background"),
+        (post(url, {**hello, "tool_choice": "required", "tools": [LOOKUP_RESPONSES]}, key), 400, bad,
+         "tool_choice"),
+        (post(url, {**hello, "text": {"format": {"type": "json_object"}}}, key), 400, bad, "text.format"),
+        (post(url, {**hello, "top_logprobs": 2}, key), 400, bad, "top_logprobs"),
+        (post(url, {**hello, "previous_response_id": "resp_x"}, key), 404, "previous_response_not_found",
+         "previous_response_id"),
+        (post(url, {**hello, "input": [{"role": "user", "content": [image]}]}, key), 400,
+         "unsupported_content", "input_image"),
+        (post(url, {**hello, "input": 5}, key), 400, "invalid_request", "input"),
+    ]  # fmt: skip
+    for (status, body, _), want_status, want_code, named in cases:
+        assert (status, body["error"]["code"]) == (want_status, want_code), body
+        assert (
+            set(body["error"]) == {"message", "type", "param", "code"} and named in body["error"]["message"]
+        )
+    with pytest.raises(openai.BadRequestError):  # the SDK reads our 400 as OpenAI's
+        client(session).responses.create(**hello, background=True)
+    assert gw.gateway.m.gateway_tokens["completion"]._value.get() == tokens  # nothing was generated
+    assert not gw.gateway.sessions[session["session_id"]].calls  # nor recorded
+    assert gw.gateway.m.gateway_requests_by("responses", 400)._value.get() >= 1
+    assert post(session_url(session, "/rl/end"), {}, key)[0] == 200
+
+
 def test_a_group_waits_for_a_free_slot_with_429_and_retry_after(
     host: Any, engine: Any, tokenizer: Any
 ) -> None:

@@ -113,4 +113,27 @@ if why=$(PYTHONPATH=operator:workloads:tools .venv/bin/python -m asyncrl_testing
 else
   echo "setup: images not built: $why (the image smoke tests skip)" >&2
 fi
+
+# --- 5. Claude Code, a gateway client the e2e drives (npm, cached outside the repo, keyed by version) --
+# tests/e2e/test_gateway_clients.py runs it headless; without npm (or offline) that test skips, saying why.
+CLAUDE_CODE_VERSION=2.1.197
+claude_dir=${ASYNCRL_CACHE:-$HOME/.cache/asyncrl}/claude-code
+if [ -x "$claude_dir/node_modules/.bin/claude" ] \
+   && [ "$(cat "$claude_dir/.asyncrl-version" 2>/dev/null)" = "$CLAUDE_CODE_VERSION" ]; then
+  :
+elif ! command -v npm >/dev/null; then
+  echo "setup: npm not installed: Claude Code not installed (its gateway e2e test skips)" >&2
+else
+  mkdir -p "$claude_dir"
+  if npm install --prefix "$claude_dir" --no-audit --no-fund --loglevel=error \
+       "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >/tmp/asyncrl-npm.log 2>&1 \
+     && "$claude_dir/node_modules/.bin/claude" --version >>/tmp/asyncrl-npm.log 2>&1; then
+    echo "$CLAUDE_CODE_VERSION" >"$claude_dir/.asyncrl-version"
+    echo "setup: Claude Code $CLAUDE_CODE_VERSION installed in $claude_dir" >&2
+  else
+    tail -n 5 /tmp/asyncrl-npm.log >&2
+    echo "setup: npm install of Claude Code failed (log /tmp/asyncrl-npm.log): its gateway e2e test skips" >&2
+  fi
+fi
+# --- end of 5 ------------------------------------------------------------------------------------------
 echo "setup: done" >&2

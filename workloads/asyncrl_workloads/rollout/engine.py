@@ -125,7 +125,9 @@ class RolloutEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             weight_transfer_config=WeightTransferConfig(backend=settings.backend),
-            **_unchunked_on_cpu({"disable_log_stats": True, **dict(settings.extra)}, settings.max_model_len),
+            **_unchunked_on_cpu(
+                {"disable_log_stats": True, **_lists(settings.extra)}, settings.max_model_len
+            ),
         )
         try:
             llm = AsyncLLM.from_engine_args(args)
@@ -308,6 +310,19 @@ class RolloutEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+LIST_ARGS = ("logits_processors",)
+"""Engine arguments vLLM takes as lists; spec.rollout.engine.args values are scalars, so these are given
+as comma-separated strings (``logits_processors: "pkg.module:Class,other.module:Class"``)."""
+
+
+def _lists(extra: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return {
+        name: [v.strip() for v in value.split(",") if v.strip()]
+        if name in LIST_ARGS and isinstance(value, str) else value
+        for name, value in extra
+    }  # fmt: skip
 
 
 def _unchunked_on_cpu(extra: dict[str, Any], max_model_len: int) -> dict[str, Any]:

@@ -3,6 +3,8 @@
   asyncrl run examples/tiny-cpu.yaml [--run-dir DIR] [--max-steps N] [--rollout-replicas N] [--timeout S]
               [--containers]
   asyncrl render JOB.yaml [--namespace NS]
+  asyncrl import verl|areal CONFIG.yaml [KEY=VALUE ...] [--out JOB.yaml] [--name N] [--tool REF ...]
+                 [--reward REF]
   asyncrl plot RUN_DIR [--out DIR]
   asyncrl export CHECKPOINT OUT [--model DIR] [--dtype auto|bfloat16|float16|float32]
 
@@ -10,7 +12,9 @@ The console script named in pyproject.toml. `run` executes a job locally through
 operator's rendered pods as local processes); `plot` renders a run's curves through `local.plot`;
 `export` writes a trainer checkpoint as a Hugging Face model directory through `trainer.export`; `render`
 prints every object the operator would create for a job file, after the operator's own admission
-(`asyncrl_operator.admission`, whose messages are the ones `kubectl describe arj` would show). Errors
+(`asyncrl_operator.admission`, whose messages are the ones `kubectl describe arj` would show); `import`
+translates a verl or AReaL config through `importer.translate` (pure) and checks the job with the same
+admission. Errors
 a user can fix (a bad job file, a missing model, a port or binary problem) end with one line and a
 non-zero exit code, not a stack trace.
 """
@@ -57,6 +61,16 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument(
         "--namespace", "-n", help="the namespace to render for (default: the file's, else default)"
     )
+    imp = commands.add_parser(
+        "import", help="write an AsyncRLJob from a verl or AReaL config, with the table of what maps where"
+    )
+    imp.add_argument("kind", choices=["verl", "areal"], help="whose config it is")
+    imp.add_argument("config", type=pathlib.Path, help="the YAML config (verl: the resolved one it prints)")
+    imp.add_argument("overrides", nargs="*", help="Hydra-style key=value overrides, as on their command line")
+    imp.add_argument("--out", "-o", type=pathlib.Path, help="write the job here (default: stdout)")
+    imp.add_argument("--name", help="metadata.name (default: from the experiment name)")
+    imp.add_argument("--tool", action="append", default=[], help="an agent tool as pkg.mod:fn (repeatable)")
+    imp.add_argument("--reward", help="reward.function as pkg.mod:fn when the config names none")
     plot = commands.add_parser("plot", help="render PNG curves of a run's reward, staleness, throughput")
     plot.add_argument("run_dir", type=pathlib.Path)
     plot.add_argument("--out", type=pathlib.Path, help="output directory (default: the run dir)")
@@ -129,6 +143,47 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    """The job on stdout (or --out) and the mapping table on stderr (stdout with --out); exit 2 when the
+    config cannot be read or the job would not pass admission (the file is still written, to edit)."""
+    import os
+
+    from asyncrl_operator import admission
+
+    from asyncrl_workloads.importer import hydra, report, translate
+
+    def fail(why: str) -> int:
+        print(f"asyncrl import: {args.config}: {why}", file=sys.stderr)
+        return 2
+
+    try:
+        config = yaml.safe_load(args.config.read_text())
+    except OSError as exc:
+        return fail(f"cannot read ({exc.strerror})")
+    except yaml.YAMLError as exc:
+        return fail(f"not valid YAML ({exc})")
+    if not isinstance(config, dict):
+        return fail("expected a mapping (a Hydra/OmegaConf config)")
+    try:
+        result = translate.translate(
+            args.kind, config, overrides=args.overrides, env=os.environ, name=args.name,
+            tools=args.tool, reward=args.reward,
+        )  # fmt: skip
+    except hydra.OverrideError as exc:
+        return fail(str(exc))
+    text = yaml.dump(result.job, Dumper=_BlockDumper, sort_keys=False)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    print(report.table(result), end="", file=sys.stdout if args.out else sys.stderr)
+    body = {**result.job, "metadata": {**result.job["metadata"], "namespace": "default"}}
+    _, why = admission.parse(body)
+    if why is not None:
+        return fail(f"the job does not pass admission yet: {why}")
+    return 0
+
+
 def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     """Multi-line strings (the ConfigMap's job.json) as literal blocks, as helm template prints them."""
     style = "|" if "\n" in value else None
@@ -143,11 +198,18 @@ _BlockDumper.add_representer(str, _block_strings)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not (args.command == "import" and all("=" in e or e.startswith("~") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # import's key=value overrides after its options
+        args.overrides += extra
     if args.command == "export":
         return _export(args)
     if args.command == "render":
         return _render(args)
+    if args.command == "import":
+        return _import(args)
     if args.command == "plot":
         from asyncrl_workloads.local import plot
 

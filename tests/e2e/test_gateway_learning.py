@@ -2,8 +2,9 @@
 examples/gateway-cpu.yaml (1 rollout replica, the trainer, the embedded nats-server) and the example
 agent examples/agents/lookup_agent.py as a process of its own, pointed at the run with the URL and admin
 key the runner wrote to gateway.json (as a user would from what it prints). The agent opens groups,
-runs its tool loop with the unmodified openai SDK (streamed: `--stream`), rewards each session itself
-and ends it. A real Prometheus (asyncrl_testing.prometheus) scrapes the run's processes every second.
+runs its tool loop with the unmodified openai and anthropic SDKs (streamed: `--stream`), its groups
+taking chat completions, the Messages API and the Responses API in turn, rewards each session itself and
+ends it. A real Prometheus (asyncrl_testing.prometheus) scrapes the run's processes every second.
 
 Checked, once the trainer has made STEPS steps:
 - the job dashboard's "Agent gateway" row (the row tests/e2e/test_observability.py leaves out): every
@@ -45,6 +46,7 @@ STEPS = 20
 GROUP = 8  # sessions per group, as the job's samplesPerPrompt
 DEADLINE_S = 780
 NAMESPACE, JOB = "default", "gw"  # the local runner's namespace, gateway-cpu.yaml's name
+APIS = ("chat", "messages", "responses")  # the agent's groups take them in turn: one trajectory model
 
 
 def _write_job(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -130,7 +132,8 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         targets = [f"127.0.0.1:{p['metricsPort']}" for p in described]
         prom = prometheus_server.start(targets, honor_labels=True)  # keep the run's job/namespace labels
         agent = subprocess.Popen(
-            [sys.executable, str(AGENT), "--n", str(GROUP), "--concurrency", "8", "--stream"],
+            [sys.executable, str(AGENT), "--n", str(GROUP), "--concurrency", "8", "--stream",
+             "--apis", ",".join(APIS)],
             cwd=REPO, env={**env, **info["env"]}, stdout=agent_log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         procs["agent"] = agent
@@ -208,5 +211,7 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         if name == "asyncrl_gateway_requests_total" and value
     }
     assert not [key for key in codes if key[1].startswith("5")], codes
-    assert codes[("groups", "200")] >= produced / GROUP and codes[("chat", "200")] >= produced, codes
+    served = sum(codes.get((api, "200"), 0) for api in APIS)
+    assert codes[("groups", "200")] >= produced / GROUP and served >= produced, codes
+    assert all(codes.get((api, "200")) for api in APIS), codes  # the groups took the three APIs in turn
     assert (run_dir / "summary.json").exists()

@@ -236,6 +236,24 @@ def test_claude_code_headless_trains_through_a_session(run: dict[str, Any]) -> N
     assert finish(session)["trajectories"] >= 1
 
 
+@pytest.mark.parametrize("example", ["agents_sdk_agent.py", "claude_code_driver.py"])
+def test_the_example_agents_run_a_group_of_the_jobs_data(run: dict[str, Any], example: str) -> None:
+    """examples/agents/ as a user runs them, on a record of the job's data (no scripted call: the model
+    answers as it will; the Agents SDK agent rewards, the job's reward function scores Claude Code's)."""
+    if example.startswith("claude") and not CLAUDE.exists():
+        pytest.skip(f"Claude Code is not installed at {CLAUDE} (tools/setup.sh all installs it)")
+    env = {**os.environ, **run["env"]}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "agents" / example), "--n", "1", "--groups", "1",
+         *(["--claude", str(CLAUDE), "--workdir", str(run["tmp"])] if example.startswith("claude") else [])],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("group "), (done.stdout, done.stderr[-3000:])
+    if example.startswith("claude"):
+        assert ": exit 0," in done.stdout, done.stdout
+    SESSIONS.append(example)
+
+
 def test_every_session_reached_the_trainer(run: dict[str, Any]) -> None:
     """Runs last: produced = stored = consumed + dropped + in the stream, one consumed per session."""
     assert SESSIONS, "no client test ran"

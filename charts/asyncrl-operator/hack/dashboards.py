@@ -175,6 +175,8 @@ def agent_row() -> list[dict[str, Any]]:
 
 GATEWAY_ONLY = "Zero or empty for a job without agent.loop: gateway."
 ADMIT = 'route=~"groups|sessions"'
+APIS = 'route=~"chat|completions|messages|count_tokens|responses"'
+"""The gateway's model-call routes, one per API (the others are admin and session bookkeeping)."""
 
 
 def gateway_row() -> list[dict[str, Any]]:
@@ -202,13 +204,18 @@ def gateway_row() -> list[dict[str, Any]]:
             + GATEWAY_ONLY,
         ),
         panel(
-            "Gateway requests / s by code",
+            "Gateway requests / s by code and API",
             "timeseries",
-            [(f"sum by (code) (rate({requests}{{{JOB}}}[{RI}]))", "{{code}}")],
+            [
+                (f"sum by (code) (rate({requests}{{{JOB}}}[{RI}]))", "{{code}}"),
+                (f"sum by (route) (rate({requests}{{{JOB}, {APIS}}}[{RI}]))", "{{route}}"),
+            ],
             unit="ops",
             description="HTTP answers of every gateway route by status: 429 no admission (retry), 401 a "
             "wrong key, 404 an unknown session, 409 an ended one, 410 an expired one, 413 a body over "
-            "maxBodyBytes. " + GATEWAY_ONLY,
+            "maxBodyBytes; and the model calls by API: chat and completions (OpenAI), messages and "
+            "count_tokens (Anthropic's Messages API, Claude Code), responses (OpenAI's Responses API). "
+            + GATEWAY_ONLY,
         ),
         panel(
             "Gateway admission refused (429 share)",

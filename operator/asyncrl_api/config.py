@@ -13,7 +13,7 @@ import pathlib
 
 import pydantic
 
-from asyncrl_api import base, models
+from asyncrl_api import agents, base, models
 
 CONFIGMAP_KEY = "job.json"
 MOUNT_DIR = "/etc/asyncrl"
@@ -23,12 +23,13 @@ DEFAULT_NATS_PORT = 4222
 DEFAULT_TORCH_MASTER_PORT = 29500
 DEFAULT_METRICS_PORT = 9400
 
-GATEWAY_ADMIN_KEY_ENV = "ASYNCRL_GATEWAY_ADMIN_KEY"
+GATEWAY_ADMIN_KEY_ENV = agents.GATEWAY_ADMIN_KEY_ENV
 """Env var of a gateway job's rollout pods: the admin key, from spec.agent.gateway.adminKeySecret through
-a secretKeyRef (a secret, so never in the config file)."""
-GATEWAY_URL_ENV = "ASYNCRL_GATEWAY_URL"
+a secretKeyRef (a secret, so never in the config file). Agent workers get it the same way."""
+GATEWAY_URL_ENV = agents.GATEWAY_URL_ENV
 """Env var of a gateway job's rollout pods: the pod's own gateway URL (its DNS name through the rollout's
-headless Service), handed to agents for the sessions it opens (pod identity, so not in the config file)."""
+headless Service), handed to agents for the sessions it opens (pod identity, so not in the config file).
+Agent workers get the gateway Service's URL under the same name."""
 JUDGE_API_KEY_ENV = "ASYNCRL_JUDGE_API_KEY"
 """Env var of a judge job's rollout pods: reward.endpoint's API key (secretKeyRef; the local runner passes
 the variable of the same name through from its own environment)."""

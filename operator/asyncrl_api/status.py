@@ -36,6 +36,7 @@ ConditionType = Literal[
     "Stalled",
     "Degraded",
     "EndpointsReady",
+    "AgentsReady",
     "InvalidSpec",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = typing.get_args(ConditionType)
@@ -146,13 +147,15 @@ class AsyncRLJobStatus(base.APIModel):
     CrashLoopBackOff, RestartBudgetExhausted), empty when there is none; a printer column."""
     conditions: list[Condition] = pydantic.Field(default_factory=list)
     """Ready, RolloutReady, TrainerReady, BusReady, WeightSyncReady, Progressing, Stalled, Degraded,
-    EndpointsReady, InvalidSpec."""
+    EndpointsReady, InvalidSpec; AgentsReady with spec.agent.workers."""
     observed_generation: int = 0
     """The spec generation the operator last reconciled."""
     rollout: RoleStatus = pydantic.Field(default_factory=RoleStatus)
     """Rollout replicas."""
     trainer: RoleStatus = pydantic.Field(default_factory=RoleStatus)
     """Trainer replicas."""
+    agents: RoleStatus | None = None
+    """Agent worker pods (spec.agent.workers), absent without workers."""
     restarts: Restarts = pydantic.Field(default_factory=Restarts)
     """Restarts per role."""
     progress: Progress | None = None

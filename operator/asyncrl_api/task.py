@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
-from asyncrl_api import base
+from asyncrl_api import agents, base
 
 HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU and GPU attention backends accept."""
@@ -406,6 +406,12 @@ _AGENT_RULES = (
         check=lambda a: a.loop == "gateway" or a.gateway is None,
     ),
     base.Rule(
+        cel="self.loop == 'gateway' || !has(self.workers)",
+        message="agent.workers runs agents for the gateway: it needs agent.loop gateway",
+        field_path=".workers",
+        check=lambda a: a.loop == "gateway" or a.workers is None,
+    ),
+    base.Rule(
         cel="self.loop != 'gateway' || !has(self.tools) || size(self.tools) == 0",
         message="agent.tools is for loop tool; a gateway's agent runs its own tools",
         field_path=".tools",
@@ -437,6 +443,9 @@ class AgentSpec(base.APIModel):
     without spec.agent generates one turn per sample."""
     gateway: GatewaySpec | None = None
     """For loop gateway: the gateway's port, admin key and session settings."""
+    workers: agents.AgentWorkersSpec | None = None
+    """For loop gateway: agent processes the job runs itself (a Deployment `<job>-agent`), so one
+    `kubectl apply` trains an agent; unset, the user runs their agents against the gateway Service."""
     max_user_turns: int = pydantic.Field(default=4, ge=1, le=256)
     """Maximum turns of tool responses per episode (verl counts them as user turns); the episode ends
     `max_turns` when the model calls once more after the last."""

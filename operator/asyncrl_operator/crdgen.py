@@ -47,6 +47,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.ready"},
     {"name": "Trainer", "type": "string", "jsonPath": ".status.trainer.ready"},
     {
+        "name": "Agents",
+        "type": "string",
+        "jsonPath": ".status.agents.ready",
+        "description": "Ready/desired agent worker pods (spec.agent.workers); empty without workers",
+    },
+    {
         "name": "Reason",
         "type": "string",
         "jsonPath": ".status.reason",

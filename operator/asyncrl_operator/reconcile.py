@@ -172,6 +172,7 @@ def _compute(
         trainer=objects.get(("StatefulSet", render.names.trainer(name))),
         rollout=objects.get(("StatefulSet", render.names.rollout(name))),
         nats=objects.get(("StatefulSet", render.names.nats(name))),
+        agents=objects.get(("Deployment", render.names.agent(name))),
         restarting=job.status.phase == "Restarting",
         pods=tuple(_job_pods(client, job)),
         secret_problems=tuple(_secret_problems(client, job)),
@@ -227,17 +228,26 @@ def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
             ("StatefulSet", sts): _cached_statefulset(client, namespace, sts)
             for sts in (names.trainer(name), names.rollout(name), names.nats(name))
         }
+        if render.agents.spec(job) is not None:  # not cached: agent jobs are few, a GET is cheap
+            agent = names.agent(name)
+            objects[("Deployment", agent)] = client.get("Deployment", namespace, agent)
         found = {key: obj for key, obj in objects.items() if obj is not None}
         _write_status(client, body, _compute(client, job, found, utc_now()))
 
 
 def needs_reconcile(body: Body) -> bool:
-    """A status change the spec-driven handlers do not see: maxSteps reached while not yet Succeeded, or
-    the restart budget spent while pods still run (the reconcile scales them to zero)."""
+    """A status change the spec-driven handlers do not see: maxSteps reached while not yet Succeeded, the
+    restart budget spent while pods still run (the reconcile scales them to zero), or agent workers
+    whose wanted replicas changed with the status (the first ready rollout starts them)."""
     job, _ = admission.parse(body)
     if job is None:
         return False
     if job.status.phase != "Succeeded" and status.reached_max_steps(job):
         return True
+    found = render.agents.spec(job)
+    if found is not None:
+        applied = job.status.agents.replicas if job.status.agents is not None else 0
+        if render.agents.desired_replicas(job, found[1]) != applied:
+            return True
     running = job.status.trainer.replicas + job.status.rollout.replicas > 0
     return failures.failed_on_budget(job) and running

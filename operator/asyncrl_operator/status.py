@@ -18,7 +18,7 @@ from asyncrl_api import models
 from asyncrl_api import status as api_status
 
 from asyncrl_operator import diagnose, failures
-from asyncrl_operator.render import names, pods
+from asyncrl_operator.render import agents, names, pods
 
 Body = dict[str, Any]
 
@@ -31,6 +31,8 @@ class Observed:
     trainer: Body | None = None
     rollout: Body | None = None
     nats: Body | None = None
+    agents: Body | None = None
+    """The agent workers' Deployment (spec.agent.workers), or None."""
     invalid: str | None = None
     """Why the spec is invalid (the handler's validation message), or None."""
     restarting: bool = False
@@ -57,6 +59,42 @@ def role_status(job: models.AsyncRLJob, role: str, sts: Body | None, desired: in
         ready=f"{ready}/{desired}",
         selector=names.selector_string(job.metadata.name, role),
     )
+
+
+def agents_status(job: models.AsyncRLJob, deployment: Body | None) -> api_status.RoleStatus | None:
+    """Agent workers: ``replicas`` is the Deployment's as applied (``render.agents.desired_replicas``,
+    0 until a rollout serves), ``ready`` is ready/wanted (workers.replicas, 0 once stopped)."""
+    found = agents.spec(job)
+    if found is None:
+        return None
+    wanted = 0 if pods.stopped(job) else found[1].replicas
+    ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+    return api_status.RoleStatus(
+        replicas=int(((deployment or {}).get("spec") or {}).get("replicas") or 0),
+        ready_replicas=ready,
+        ready=f"{ready}/{wanted}",
+        selector=names.selector_string(job.metadata.name, names.AGENT),
+    )
+
+
+def agents_condition(
+    job: models.AsyncRLJob, st: api_status.AsyncRLJobStatus, found: list[diagnose.Problem]
+) -> api_status.Condition | None:
+    """AgentsReady (only with workers): a problem of an agent pod (its reason and line), waiting for the
+    gateway, not all ready, or all ready / none wanted."""
+    if st.agents is None:
+        return None
+    if pods.stopped(job):
+        return _cond("AgentsReady", True, "ScaledToZero", f"the job is {st.phase}: no agent runs")
+    prefix = f"{names.agent(job.metadata.name)}-"
+    problem = next((p for p in found if p.pod.startswith(prefix)), None)
+    if problem is not None:
+        return _cond("AgentsReady", False, problem.reason, problem.message)
+    if st.rollout.ready_replicas < 1:
+        return _cond("AgentsReady", False, "WaitingForGateway", "agents start once a rollout replica serves")
+    if st.agents.ready_replicas >= int(st.agents.ready.split("/")[1]):
+        return _cond("AgentsReady", True, "AllReady", f"{st.agents.ready} ready")
+    return _cond("AgentsReady", False, "NotReady", f"{st.agents.ready} ready")
 
 
 def parse_time(value: str | None) -> datetime.datetime | None:
@@ -196,12 +234,17 @@ def compute_status(job: models.AsyncRLJob, obs: Observed) -> api_status.AsyncRLJ
     st = job.status.model_copy(deep=True)
     st.trainer = role_status(job, names.TRAINER, obs.trainer, trainer_desired)
     st.rollout = role_status(job, names.ROLLOUT, obs.rollout, rollout_desired)
+    st.agents = agents_status(job, obs.agents)
     bus_ok = (not job.spec.bus.nats.managed) or _ready(obs.nats) >= 1
     trainer_ok = trainer_desired > 0 and st.trainer.ready_replicas >= trainer_desired
     rollout_some = rollout_desired == 0 or st.rollout.ready_replicas >= 1
     phase = compute_phase(job, obs, trainer_ok, rollout_some, bus_ok)
     found = list(obs.secret_problems) + diagnose.problems(list(obs.pods))  # a missing Secret first: the cause
     conditions = compute_conditions(job, obs, phase, st, found)
+    st.phase = phase
+    agents_ready = agents_condition(job, st, found)
+    if agents_ready is not None:
+        conditions.insert(-1, agents_ready)  # before InvalidSpec, as CONDITION_TYPES orders them
     st.conditions = _keep_transition_times(conditions, job.status.conditions, now, job.metadata.generation)
     st.phase = phase
     st.reason, st.message = failures.pressing(job, obs.invalid, phase, conditions, found, list(obs.pods))

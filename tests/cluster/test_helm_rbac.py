@@ -381,7 +381,7 @@ def test_can_i_yes_for_every_verb_the_operator_uses(
         ("delete", "nodes", ""),
         ("create", "customresourcedefinitions", ""),
         ("delete", "namespaces", ""),
-        ("create", "deployments.apps", "-n default"),
+        ("deletecollection", "deployments.apps", "-n default"),
         ("delete", "configmaps", "-n default"),
         ("delete", "statefulsets.apps", "-n default"),
         ("deletecollection", "pods", "-n default"),

@@ -260,6 +260,7 @@ def test_example_job_runs_with_every_child_and_a_meaningful_status(cluster, name
         "QUEUE",
         "ROLLOUT",
         "TRAINER",
+        "AGENTS",
         "REASON",
         "AGE",
     ]

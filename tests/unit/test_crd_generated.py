@@ -97,7 +97,9 @@ def test_subresources_printer_columns_and_names() -> None:
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.rollout.replicas"
     assert version["subresources"]["status"] == {}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["PHASE", "STEP", "POLICY-VER", "LAG", "QUEUE", "ROLLOUT", "TRAINER", "REASON", "AGE"]
+    assert columns == [
+        "PHASE", "STEP", "POLICY-VER", "LAG", "QUEUE", "ROLLOUT", "TRAINER", "AGENTS", "REASON", "AGE"
+    ]  # fmt: skip
     assert crd["spec"]["names"]["shortNames"] == ["arj"]
 
 

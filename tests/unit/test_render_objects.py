@@ -164,11 +164,18 @@ def test_config_hash_ignores_live_fields_but_tracks_the_rest() -> None:
     assert _hash(_job(trainer={"optimizer": {"lr": 3e-6}})) != base
 
 
+JOB_PODS = {
+    "matchLabels": {names.JOB: "demo"},
+    "matchExpressions": [{"key": names.ROLE, "operator": "NotIn", "values": [names.AGENT]}],
+}
+"""The job's own pods: its agent workers run the user's code and get only the gateway's port."""
+
+
 def test_network_policy_admits_only_the_jobs_pods_except_metrics() -> None:
     policy = next(o for o in render.render(_job()) if o["kind"] == "NetworkPolicy")
     spec = policy["spec"]
-    assert spec["podSelector"] == {"matchLabels": {names.JOB: "demo"}}
-    assert spec["ingress"][0] == {"from": [{"podSelector": {"matchLabels": {names.JOB: "demo"}}}]}
+    assert spec["podSelector"] == JOB_PODS
+    assert spec["ingress"][0] == {"from": [{"podSelector": JOB_PODS}]}
     assert "from" not in spec["ingress"][1]
     assert {p["port"] for p in spec["ingress"][1]["ports"]} == {config.DEFAULT_METRICS_PORT, 8222}
 

@@ -122,8 +122,12 @@ def _egress(job: models.AsyncRLJob) -> list[dict[str, Any]]:
 def test_egress_reaches_the_jobs_pods_and_dns_only_by_default() -> None:
     policy = _objects(_job())[("NetworkPolicy", "demo-net")]["spec"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
+    job_pods = {
+        "matchLabels": {names.JOB: "demo"},
+        "matchExpressions": [{"key": names.ROLE, "operator": "NotIn", "values": [names.AGENT]}],
+    }
     assert policy["egress"] == [
-        {"to": [{"podSelector": {"matchLabels": {names.JOB: "demo"}}}]},
+        {"to": [{"podSelector": job_pods}]},
         {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
     ]
 

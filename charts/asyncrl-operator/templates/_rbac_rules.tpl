@@ -40,10 +40,11 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [create, patch]
-# PodDisruptionBudgets of the two roles (render/disruption.py): applied as above.
+# PodDisruptionBudgets of the roles (render/disruption.py): applied as above; reconcile._prune GETs and
+# DELETEs (uid precondition, only if this job owns it) the agents' one when spec.agent.workers is removed.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [create, patch]
+  verbs: [get, create, patch, delete]
 # PodGroups of a job's trainer gang (render/gang.py: scheduler-plugins' coscheduling and Volcano, by
 # spec.scheduling.schedulerName): applied as above; reconcile._prune GETs and DELETEs (uid precondition,
 # only if this job owns it) the one a job's spec no longer renders. Granting them where the CRDs are not
@@ -55,6 +56,11 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get, list, watch, create, patch]
+# The agent workers' Deployment (render/agents.py, spec.agent.workers): applied as above, GET by
+# reconcile.refresh_status, pruned like the gateway's Service when workers is removed.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch, delete]
 # Pods: watched by handlers.on_pod_event, LISTed per gang and DELETEd (with a uid precondition) by
 # reconcile.handle_pod for a trainer gang restart or a failed rollout replica. Never exec/attach.
 - apiGroups: [""]

@@ -12,6 +12,7 @@ from typing import Any
 from asyncrl_api import models
 
 from asyncrl_operator.render import (
+    agents,
     configmap,
     disruption,
     gang,
@@ -27,7 +28,7 @@ from asyncrl_operator.render import (
 
 Manifest = dict[str, Any]
 
-__all__ = ["Manifest", "configmap", "names", "render"]
+__all__ = ["Manifest", "agents", "configmap", "names", "render"]
 
 
 def render(job: models.AsyncRLJob) -> list[Manifest]:
@@ -62,16 +63,21 @@ def render(job: models.AsyncRLJob) -> list[Manifest]:
         trainer.render_trainer_statefulset(job, config_hash),
         rollout.render_rollout_statefulset(job, config_hash),
     ]
+    agent_deployment = agents.render_deployment(job)
+    if agent_deployment is not None:  # after the rollouts: agents only start once a gateway serves
+        objects += [disruption.render_pod_disruption_budget(job, names.AGENT), agent_deployment]
     return objects
 
 
 def optional(job_name: str) -> list[tuple[str, str]]:
-    """(kind key, name) of the children only some specs render: the gateway's and the PodGroups.
+    """(kind key, name) of the children only some specs render: the gateway's, the agents' and the PodGroups.
     ``reconcile`` deletes the ones a job's spec no longer renders (agent.loop changed from gateway,
     another schedulerName), so none is left behind."""
     return [
         ("NetworkPolicy", names.gateway(job_name)),
         ("Service", names.gateway(job_name)),
+        ("PodDisruptionBudget", names.agent(job_name)),
+        ("Deployment", names.agent(job_name)),
         (f"{gang.POD_GROUP_KIND}.{gang.COSCHEDULING_GROUP}", names.trainer(job_name)),
         (f"{gang.POD_GROUP_KIND}.{gang.VOLCANO_GROUP}", names.trainer(job_name)),
     ]

@@ -14,7 +14,8 @@ every trainer pod (``reconcile.handle_pod``), and deleting the job garbage-colle
   (``spec.suspend: true``, which lets the drain finish once the pods are gone), finishes or is deleted;
   the cluster autoscaler leaves such a node alone. That is the intent: an admin decides when to give up
   training progress, not a rolling node upgrade.
-- both: ``unhealthyPodEvictionPolicy: AlwaysAllow``. A pod that is not Ready (crash-looping, a
+- agent (spec.agent.workers): ``maxUnavailable: 1``; an evicted agent loses only its open sessions.
+- all: ``unhealthyPodEvictionPolicy: AlwaysAllow``. A pod that is not Ready (crash-looping, a
   rollout whose engine never loads) protects nothing, so it never blocks a drain.
 - the managed NATS server gets none: it is one pod, and a budget of 0 for it would block drains for the
   job's whole life (it also runs while the job is suspended); its restart only loses the queue when the
@@ -29,7 +30,7 @@ from asyncrl_api import models
 
 from asyncrl_operator.render import names
 
-MAX_UNAVAILABLE = {names.ROLLOUT: 1, names.TRAINER: 0}
+MAX_UNAVAILABLE = {names.ROLLOUT: 1, names.TRAINER: 0, names.AGENT: 1}
 
 
 def render_pod_disruption_budget(job: models.AsyncRLJob, role: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ ROLLOUT = "rollout"
 TRAINER = "trainer"
 NATS = "nats"
 GATEWAY = "gateway"
+AGENT = "agent"
 
 
 def child(job_name: str, suffix: str) -> str:
@@ -82,6 +83,16 @@ def trainer_egress_policy(job_name: str) -> str:
 def gateway(job_name: str) -> str:
     """The agent gateway's ClusterIP Service and its NetworkPolicy (spec.agent.loop gateway)."""
     return child(job_name, GATEWAY)
+
+
+def agent(job_name: str) -> str:
+    """The agent workers' Deployment and PodDisruptionBudget (spec.agent.workers)."""
+    return child(job_name, AGENT)
+
+
+def gateway_service_url(job_name: str, namespace: str, port: int) -> str:
+    """The gateway's ClusterIP Service URL: where agents open sessions (any ready rollout replica)."""
+    return f"http://{gateway(job_name)}.{namespace}.svc:{port}"
 
 
 def labels(job_name: str, component: str) -> dict[str, str]:

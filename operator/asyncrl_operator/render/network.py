@@ -42,7 +42,12 @@ DEFAULT_PORTS = {"nats": configmap.NATS_PORT, "tls": configmap.NATS_PORT, "http"
 
 
 def job_pods(job: models.AsyncRLJob) -> dict[str, Any]:
-    return {"matchLabels": {names.JOB: names.label_value(job.metadata.name)}}
+    """The job's own pods: rollout, trainer, NATS, but not its agent workers (``render.agents``), which
+    run the user's code and reach only the gateway port (``render.gateway``'s policy)."""
+    return {
+        "matchLabels": {names.JOB: names.label_value(job.metadata.name)},
+        "matchExpressions": [{"key": names.ROLE, "operator": "NotIn", "values": [names.AGENT]}],
+    }
 
 
 def url_rule(url: str) -> dict[str, Any]:

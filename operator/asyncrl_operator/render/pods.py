@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl_api import config, models, roles, status
+from asyncrl_api import config, infra, models, roles, status
 
 from asyncrl_operator.render import gang, names, secrets, security
 
@@ -28,6 +28,7 @@ REVIEW_IGNORES = {
 }
 CONFIG_VOLUME = "asyncrl-config"
 SHM_VOLUME = "dshm"
+CODE_VOLUME = "asyncrl-code"
 
 
 def stopped(job: models.AsyncRLJob) -> bool:
@@ -50,6 +51,13 @@ def identity_env(role: str) -> list[dict[str, Any]]:
     ]
 
 
+def code_env(job: models.AsyncRLJob) -> list[dict[str, Any]]:
+    """PYTHONPATH = spec.code's directory (the ConfigMap's mount or code.path), for rollout and trainer
+    containers; nothing without spec.code (the images set no PYTHONPATH of their own)."""
+    code = job.spec.code
+    return [] if code is None else [{"name": "PYTHONPATH", "value": code.directory()}]
+
+
 def resources(gpus: int, extra: roles.Resources) -> dict[str, Any]:
     """Container resources: the user's requests/limits plus ``nvidia.com/gpu`` (limits = requests) and
     the default ephemeral-storage request and limit (``security.ephemeral_storage``)."""
@@ -69,7 +77,7 @@ def resources(gpus: int, extra: roles.Resources) -> dict[str, Any]:
 
 def volumes(job: models.AsyncRLJob, role: str) -> list[dict[str, Any]]:
     """The config ConfigMap, a memory-backed /dev/shm (NCCL, vLLM), the emptyDirs of a read-only root
-    (``security.scratch_dirs``), the user's claims and the NATS ``.creds`` Secret
+    (``security.scratch_dirs``), the user's claims, spec.code.configMap and the NATS ``.creds`` Secret
     (bus.nats.credentialsSecret)."""
     out: list[dict[str, Any]] = [
         {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(job.metadata.name)}},
@@ -77,19 +85,23 @@ def volumes(job: models.AsyncRLJob, role: str) -> list[dict[str, Any]]:
     ]
     out += [{"name": name, "emptyDir": {}} for name, _ in security.scratch_dirs(job, role)]
     out += [{"name": v.name, "persistentVolumeClaim": {"claimName": v.claim_name}} for v in job.spec.volumes]
+    if job.spec.code is not None and job.spec.code.config_map is not None:
+        out.append({"name": CODE_VOLUME, "configMap": {"name": job.spec.code.config_map}})
     return out + secrets.nats_volumes(job)
 
 
 def volume_mounts(job: models.AsyncRLJob, role: str) -> list[dict[str, Any]]:
     """Mounts matching ``volumes``: the config at /etc/asyncrl (read-only), /dev/shm, /tmp, HOME (and
-    the checkpoint or tiny-model directory on no volume), the user's claims, the NATS ``.creds`` file at
-    /etc/asyncrl-nats/creds (read-only)."""
+    the checkpoint or tiny-model directory on no volume), the user's claims, spec.code.configMap at
+    /opt/asyncrl-code (read-only), the NATS ``.creds`` file at /etc/asyncrl-nats/creds (read-only)."""
     out: list[dict[str, Any]] = [
         {"name": CONFIG_VOLUME, "mountPath": config.MOUNT_DIR, "readOnly": True},
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
     out += [{"name": name, "mountPath": path} for name, path in security.scratch_dirs(job, role)]
     out += [{"name": v.name, "mountPath": v.mount_path, "readOnly": v.read_only} for v in job.spec.volumes]
+    if job.spec.code is not None and job.spec.code.config_map is not None:
+        out.append({"name": CODE_VOLUME, "mountPath": infra.CODE_MOUNT_PATH, "readOnly": True})
     return out + secrets.nats_volume_mounts(job)
 
 

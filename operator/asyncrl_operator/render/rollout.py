@@ -26,7 +26,7 @@ def desired_replicas(job: models.AsyncRLJob) -> int:
 def render_rollout_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict[str, Any]:
     name = job.metadata.name
     spec = job.spec.rollout
-    env = pods.identity_env(names.ROLLOUT) + secrets.rollout_env(job)
+    env = pods.identity_env(names.ROLLOUT) + pods.code_env(job) + secrets.rollout_env(job)
     ports = [pods.metrics_port()]
     gateway_spec = gateway.spec(job)
     if gateway_spec is not None:

@@ -79,7 +79,7 @@ def render_trainer_statefulset(job: models.AsyncRLJob, config_hash: str) -> dict
         "name": names.TRAINER,
         "image": spec.image,
         "command": trainer_command(job),
-        "env": trainer_env(job) + secrets.trainer_env(job),
+        "env": trainer_env(job) + pods.code_env(job) + secrets.trainer_env(job),
         "ports": ports,
         "resources": pods.resources(spec.gpus_per_replica, spec.resources),
         "volumeMounts": pods.volume_mounts(job, names.TRAINER),

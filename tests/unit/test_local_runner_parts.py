@@ -123,9 +123,13 @@ def test_unknown_downward_api_field_is_refused():
     container = {"env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]}
     with pytest.raises(pods.RenderedJobError, match="metadata.uid"):
         pods.container_env(container, "p-0", "ns", 0, {})
+    # a Secret key the run does not have is the runner's own variable of that name, else unset
     secret = {"env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}
-    with pytest.raises(pods.RenderedJobError, match="'K'"):
-        pods.container_env(secret, "p-0", "ns", 0, {})
+    assert pods.container_env(secret, "p-0", "ns", 0, {}) == {}
+    assert pods.container_env(secret, "p-0", "ns", 0, {}, environ={"K": "v"}) == {"K": "v"}
+    resource = {"env": [{"name": "R", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]}
+    with pytest.raises(pods.RenderedJobError, match="'R'"):
+        pods.container_env(resource, "p-0", "ns", 0, {})
 
 
 def test_the_teachers_api_key_comes_from_the_runners_environment_and_stays_out_of_pods_json():

@@ -3,6 +3,7 @@
   asyncrl run examples/tiny-cpu.yaml [--run-dir DIR] [--max-steps N] [--rollout-replicas N] [--timeout S]
               [--containers]
   asyncrl render JOB.yaml [--namespace NS]
+  asyncrl agent [--n N] [--concurrency C] [--timeout S] [--groups G] -- CMD ARGS...
   asyncrl import verl|areal CONFIG.yaml [KEY=VALUE ...] [--out JOB.yaml] [--name N] [--tool REF ...]
                  [--reward REF]
   asyncrl plot RUN_DIR [--out DIR]
@@ -26,6 +27,8 @@ import pathlib
 import sys
 
 import yaml
+
+from asyncrl_workloads import agentdriver
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--name", help="metadata.name (default: from the experiment name)")
     imp.add_argument("--tool", action="append", default=[], help="an agent tool as pkg.mod:fn (repeatable)")
     imp.add_argument("--reward", help="reward.function as pkg.mod:fn when the config names none")
+    agent = commands.add_parser(
+        "agent", help="run a command-line agent once per gateway session (Claude Code, any CLI)"
+    )
+    agentdriver.add_arguments(agent)
     plot = commands.add_parser("plot", help="render PNG curves of a run's reward, staleness, throughput")
     plot.add_argument("run_dir", type=pathlib.Path)
     plot.add_argument("--out", type=pathlib.Path, help="output directory (default: the run dir)")
@@ -208,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         return _export(args)
     if args.command == "render":
         return _render(args)
+    if args.command == "agent":
+        return agentdriver.main(args)
     if args.command == "import":
         return _import(args)
     if args.command == "plot":

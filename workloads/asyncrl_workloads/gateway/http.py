@@ -13,7 +13,9 @@ Session key (Bearer; the path's session id, or the key alone under /v1/...):
     POST /sessions/{id}/rl/reward   {"reward": 1.0, "call_id": "chatcmpl-..." | absent (last call),
                                      "session": true (the whole session)}
     POST /sessions/{id}/rl/end      the session's trajectories go to its group; the group is published
-                                    when all its sessions ended or expired
+                                    when all its sessions ended, expired or were aborted
+    POST /sessions/{id}/rl/abort    nothing of the session is published (counted aborted): an agent
+                                    that gave up on it (``asyncrl agent`` at its --timeout)
 GET /health (no key).
 
 Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``; the ``code`` is a string
@@ -74,6 +76,7 @@ class GatewayApp:
                 Route(f"{prefix}/v1/models", self._route("models", self.models), methods=["GET"]),
                 Route(f"{prefix}/rl/reward", self._user("reward", self.reward), methods=["POST"]),
                 Route(f"{prefix}/rl/end", self._user("end", self.end), methods=["POST"]),
+                Route(f"{prefix}/rl/abort", self._user("abort", self.abort), methods=["POST"]),
                 Route(
                     f"{prefix}/v1/messages",
                     self._anthropic("messages", messages_api.create),
@@ -224,6 +227,10 @@ class GatewayApp:
     async def end(self, session: Session, body: dict[str, Any]) -> Response:
         del body
         return JSONResponse(self.g.end(session))
+
+    async def abort(self, session: Session, body: dict[str, Any]) -> Response:
+        del body
+        return JSONResponse(self.g.abort(session))
 
     async def chat(self, session: Session, body: dict[str, Any]) -> Response:
         prep = self.g.prepare_chat(session, body)

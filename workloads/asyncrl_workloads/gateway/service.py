@@ -380,6 +380,19 @@ class Gateway:
             "group_complete": session.group.finished(),
         }
 
+    def abort(self, session: sessions_mod.Session) -> dict[str, Any]:
+        """The agent gave up on the session (``asyncrl agent`` killed its process at --timeout): nothing of
+        it is published, it is counted ``aborted``, and its group goes out without it, as for an expired
+        session."""
+        session.check_open()
+        self._close(session, "aborted")
+        self._settle(session.group)
+        return {
+            "session_id": session.id,
+            "group_id": session.group.id,
+            "group_complete": session.group.finished(),
+        }
+
     def expire(self, now: float) -> int:
         """Expire open sessions idle longer than the timeout; returns how many."""
         stale = [

@@ -45,6 +45,7 @@ from asyncrl_workloads.local import process
 ROLE_LABEL = "asyncrl.dev/role"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 ROLES = ("trainer", "rollout")  # start order: the trainer hosts the weight-sync rendezvous
+AGENT_ROLE = "agent"  # spec.agent.workers: the Deployment's pods, started after the rollouts
 ENDPOINT_KEY_ENVS = (config.JUDGE_API_KEY_ENV, config.TEACHER_API_KEY_ENV)
 SECRET_ENVS = (*ENDPOINT_KEY_ENVS, gateway_mod.ADMIN_KEY_ENV)
 """Env vars whose values `describe` leaves out of pods.json."""
@@ -79,6 +80,7 @@ class LocalPod:
     metrics_port: int
     cpus: frozenset[int] | None = None  # started with this CPU affinity (a CPU rollout's own core)
     container: PodContainer | None = None  # the same pod in its image (`asyncrl run --containers`)
+    secret_envs: frozenset[str] = frozenset()  # env names from a Secret: masked in pods.json
 
 
 def job_json(manifests: list[dict[str, Any]]) -> str:
@@ -176,13 +178,15 @@ def container_env(
             env[item["name"]] = field_value(path, pod_name, namespace, ordinal, labels)
         elif (secret.get("name"), secret.get("key")) in secrets:
             env[item["name"]] = secrets[(secret["name"], secret["key"])]
-        elif secret and item["name"] in ENDPOINT_KEY_ENVS:
-            if item["name"] in environ:
+        elif secret and item["name"] == config.GATEWAY_ADMIN_KEY_ENV:
+            raise RenderedJobError(f"env {item['name']!r}: the gateway's admin key needs the run's key")
+        elif secret or "configMapKeyRef" in source:
+            if item["name"] in environ:  # the runner's own variable of that name, else unset
                 env[item["name"]] = environ[item["name"]]
         else:
             raise RenderedJobError(
-                f"env {item.get('name')!r}: only value, fieldRef, the gateway's admin key Secret and the "
-                "endpoints' API keys (from the runner's environment) are supported locally"
+                f"env {item.get('name')!r}: only value, fieldRef, and Secret or ConfigMap keys (the runner's "
+                "own variable of that name) are supported locally"
             )
     return env
 
@@ -267,6 +271,42 @@ def expand(
     return pods
 
 
+def expand_agents(
+    manifests: list[dict[str, Any]],
+    cfg: config.JobConfig,
+    gateway: gateway_mod.LocalGateway | None,
+    environ: Mapping[str, str] | None = None,
+) -> list[LocalPod]:
+    """The agent workers' Deployment (spec.agent.workers) as `workers.replicas` local pods: started with
+    the rest (an agent waits for the gateway itself; the operator holds them at 0 until a rollout serves),
+    ASYNCRL_GATEWAY_URL is replica 0's local gateway, the admin key the run's; a Secret or ConfigMap key of
+    the worker's env is the runner's own variable of that name; envFrom is not resolved locally. Relative
+    paths in the command are the current directory's, as in `asyncrl run`. No metrics port (0)."""
+    workers = cfg.spec.agent.workers if cfg.spec.agent is not None else None
+    deployment = next((m for m in manifests if m.get("kind") == "Deployment"), None)
+    if workers is None or deployment is None or gateway is None:
+        return []
+    template = deployment["spec"]["template"]
+    labels = template.get("metadata", {}).get("labels", {})
+    container = template["spec"]["containers"][0]
+    out = []
+    for ordinal in range(workers.replicas):
+        pod_name = f"{deployment['metadata']['name']}-{ordinal}"
+        env = container_env(container, pod_name, cfg.namespace, ordinal, labels, gateway.secrets(), environ)
+        env.pop("HOME", None)  # the pod's emptyDir; locally the user's own
+        env[config.GATEWAY_URL_ENV] = gateway.url(0)
+        argv = [expand_vars(arg, env) for arg in container.get("command", []) + container.get("args", [])]
+        if not argv:
+            raise RenderedJobError("spec.agent.workers: a local run needs command or sessionCommand")
+        in_image = pod_container(template["spec"], container, argv)
+        argv[0] = resolve_executable(argv[0])
+        hidden = frozenset(
+            e["name"] for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
+        )
+        out.append(LocalPod(pod_name, AGENT_ROLE, ordinal, tuple(argv), env, 0, None, in_image, hidden))
+    return out
+
+
 def describe(pods: list[LocalPod]) -> str:
     """A JSON summary (written to the run dir, so a run says exactly what it started); keys are left out
     (`SECRET_ENVS`: the gateway's admin key is in the run dir's gateway.json, readable by its owner only;
@@ -278,7 +318,9 @@ def describe(pods: list[LocalPod]) -> str:
                 "role": p.role,
                 "replica": p.replica,
                 "argv": list(p.argv),
-                "env": {k: "(secret)" if k in SECRET_ENVS else v for k, v in p.env.items()},
+                "env": {
+                    k: "(secret)" if k in {*SECRET_ENVS, *p.secret_envs} else v for k, v in p.env.items()
+                },  # noqa: E501
                 "metricsPort": p.metrics_port,
                 "cpus": sorted(p.cpus) if p.cpus is not None else None,
             }

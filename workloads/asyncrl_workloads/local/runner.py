@@ -312,6 +312,7 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         local_pods = pods.expand(
             manifests, config_path, cfg, process.free_port, gateway=local_gateway, environ=os.environ
         )
+        local_pods += pods.expand_agents(manifests, cfg, local_gateway, os.environ)
         (run_dir / "pods.json").write_text(pods.describe(local_pods))
         info_path = gateway.write_info(local_gateway, run_dir) if local_gateway is not None else None
         base_env = {
@@ -393,7 +394,7 @@ def _watch(
         while result is None:
             stop.wait(options.poll_interval_s)
             result = supervisor.check()
-            texts = {p.name: progress.scrape(p.metrics_port) for p in supervisor.local_pods}
+            texts = {p.name: progress.scrape(p.metrics_port) for p in supervisor.local_pods if p.metrics_port}
             entry = tracker.record(texts, step_log.read_new())
             metrics_log.write(json.dumps(entry) + "\n")
             metrics_log.flush()

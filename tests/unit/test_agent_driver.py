@@ -1,0 +1,91 @@
+"""`asyncrl agent`'s pure parts (how a session becomes a command line and an environment) and the local
+runner's agent pods. The driver against a real gateway, sessions ended and aborted: tests/e2e."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+from asyncrl_api import config, models
+from asyncrl_operator import render
+from asyncrl_testing import jobs
+from asyncrl_workloads import agentdriver, cli
+from asyncrl_workloads.local import gateway, pods
+
+SESSION = {"session_id": "s1", "api_key": "sk-sess-1", "base_url": "http://10.0.0.1:8100/sessions/s1/v1"}
+
+
+def test_the_prompt_goes_where_the_command_asks_for_it() -> None:
+    argv, stdin = agentdriver.session_argv(["claude", "-p", "{prompt}", "--model", "m"], "say hi")
+    assert (argv, stdin) == (["claude", "-p", "say hi", "--model", "m"], False)
+    argv, stdin = agentdriver.session_argv(["my-agent", "--fast"], "say hi")
+    assert (argv, stdin) == (["my-agent", "--fast"], True)
+
+
+def test_the_session_is_in_the_environment_every_common_client_reads(tmp_path: pathlib.Path) -> None:
+    env = agentdriver.session_env(SESSION, tmp_path / "reward", {"PATH": "/bin"})
+    assert env["OPENAI_BASE_URL"] == SESSION["base_url"] and env["OPENAI_API_KEY"] == "sk-sess-1"
+    assert env["ANTHROPIC_BASE_URL"] == "http://10.0.0.1:8100/sessions/s1"  # the SDK adds /v1/messages
+    assert env["ANTHROPIC_API_KEY"] == env["ASYNCRL_SESSION_KEY"] == "sk-sess-1"
+    assert env["ASYNCRL_SESSION_URL"] == "http://10.0.0.1:8100/sessions/s1" and env["PATH"] == "/bin"
+    assert env["ASYNCRL_REWARD_FILE"] == str(tmp_path / "reward")
+
+
+def test_the_prompt_is_the_last_user_message_else_the_records() -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "secret?"}]
+    assert agentdriver.prompt_of({"messages": messages, "record": {"prompt": "x"}}) == "secret?"
+    blocks = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert agentdriver.prompt_of({"messages": blocks}) == "ab"
+    assert agentdriver.prompt_of({"messages": None, "record": {"prompt": "fix it"}}) == "fix it"
+    assert json.loads(agentdriver.prompt_of({"messages": None, "record": {"q": 1}})) == {"q": 1}
+
+
+def test_a_reward_file_is_a_number_or_nothing(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "reward"
+    assert agentdriver.read_reward(path) is None
+    path.write_text("0.75\n")
+    assert agentdriver.read_reward(path) == 0.75
+    path.write_text("great")
+    assert agentdriver.read_reward(path) is None
+
+
+def test_the_command_line_is_checked_before_anything_runs(capsys: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("ASYNCRL_GATEWAY_URL", raising=False)
+    monkeypatch.delenv("ASYNCRL_GATEWAY_ADMIN_KEY", raising=False)
+    assert cli.main(["agent", "--concurrency", "0"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "a command after --" in err and "--url or ASYNCRL_GATEWAY_URL" in err and "--concurrency >= 1" in err
+    )
+
+
+def test_local_agent_pods_reach_replica_zeros_gateway_with_the_runs_key_and_hide_secrets() -> None:
+    body = jobs.load_example("gateway-cpu.yaml")
+    body["spec"]["agent"]["workers"] = {
+        "command": ["python3", "examples/agents/lookup_agent.py"],
+        "replicas": 2,
+        "env": [
+            {"name": "MODE", "value": "x"},
+            {"name": "TOOL_KEY", "valueFrom": {"secretKeyRef": {"name": "tools", "key": "k"}}},
+        ],
+    }
+    job = models.AsyncRLJob.model_validate(body)
+    manifests = render.render(job)
+    cfg = config.JobConfig.model_validate_json(pods.job_json(manifests))
+    local = gateway.plan(job.spec, {"ASYNCRL_GATEWAY_ADMIN_KEY": "run-key"})
+    assert local is not None
+    agents = pods.expand_agents(manifests, cfg, local, {"TOOL_KEY": "tool-secret"})
+    assert [(p.name, p.role, p.metrics_port) for p in agents] == [
+        ("gw-agent-0", "agent", 0),
+        ("gw-agent-1", "agent", 0),
+    ]
+    env = agents[0].env
+    assert env["ASYNCRL_GATEWAY_URL"] == local.url(0) and env["ASYNCRL_GATEWAY_ADMIN_KEY"] == "run-key"
+    assert env["MODE"] == "x" and env["TOOL_KEY"] == "tool-secret" and "HOME" not in env
+    assert agents[0].argv[1:] == ("examples/agents/lookup_agent.py",) and agents[0].argv[0].endswith(
+        "python3"
+    )
+    described = json.loads(pods.describe(agents))[0]["env"]
+    assert described["TOOL_KEY"] == described["ASYNCRL_GATEWAY_ADMIN_KEY"] == "(secret)"
+    assert "tool-secret" not in pods.describe(agents) and "run-key" not in pods.describe(agents)

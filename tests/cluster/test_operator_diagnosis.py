@@ -236,3 +236,101 @@ def test_a_missing_secret_an_endpoint_error_and_the_restart_budget(cluster, name
         timeout=WITHIN,
     )
     assert job_status(cluster, namespace, "judged")["phase"] == "Failed"  # sticky once the pods are gone
+
+
+def column(cluster: Any, namespace: str, job: str, name: str, following: str) -> str:
+    header, row = cluster.kubectl("get", "arj", job, "-n", namespace).stdout.splitlines()[:2]
+    return str(row[header.index(name) : header.index(following)].strip())
+
+
+def agent_pods(cluster: Any, namespace: str, job: str) -> list[Any]:
+    selector = f"asyncrl.dev/job={job},asyncrl.dev/role=agent"
+    items = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def deployment_replicas(cluster: Any, namespace: str, name: str) -> int | None:
+    done = cluster.kubectl("get", "deployment", name, "-n", namespace, "-o", "json", check=False)
+    return int(json.loads(done.stdout)["spec"]["replicas"]) if done.returncode == 0 else None
+
+
+def test_agent_workers_run_with_the_job_stop_with_it_and_a_crash_loop_spends_its_budget(
+    cluster, namespace, operator
+):
+    """spec.agent.workers on the real apiserver: the Deployment (the key only as a secretKeyRef) and its
+    budget, agents scaled up once a rollout is ready, to 0 on suspend and back, AGENTS and AgentsReady; a
+    crash-looping agent pod shows its reason and last line, and its restarts end the job Failed (agents
+    at 0); removing workers prunes Deployment and budget."""
+    cluster.kubectl("create", "secret", "generic", "gw-admin", "-n", namespace, "--from-literal=apiKey=k")
+    agent = {
+        "loop": "gateway",
+        "gateway": {"adminKeySecret": {"name": "gw-admin", "key": "apiKey"}},
+        "workers": {"command": ["python3", "agent.py"], "replicas": 2},
+    }
+    body = jobs.make_job(
+        "gw", namespace, agent=agent, data={"prompts": "builtin:lookup", "format": "chat"},
+        failurePolicy={"maxRestarts": 3}, trainer={"replicas": 1}, rollout={"replicas": 1},
+    )  # fmt: skip
+    apply_job = lambda b: cluster.kubectl("apply", "-f", "-", input=json.dumps(b))  # noqa: E731
+    apply_job(body)
+    st = wait_status(
+        cluster, namespace, "gw", "agents ready", shows("AgentsReady", "True", "AllReady"), timeout=90
+    )
+    assert st["agents"]["ready"] == "2/2" and column(cluster, namespace, "gw", "AGENTS", "REASON") == "2/2"
+    deployment = get_json(cluster, "deployment", "gw-agent", "-n", namespace)
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    key = env["ASYNCRL_GATEWAY_ADMIN_KEY"]
+    assert "value" not in key and key["valueFrom"]["secretKeyRef"] == {"name": "gw-admin", "key": "apiKey"}
+    assert env["ASYNCRL_GATEWAY_URL"]["value"] == f"http://gw-gateway.{namespace}.svc:8100"
+    assert get_json(cluster, "pdb", "gw-agent", "-n", namespace)["spec"]["maxUnavailable"] == 1
+
+    body["spec"]["suspend"] = True
+    apply_job(body)
+    cluster_wait.wait_until(
+        lambda: deployment_replicas(cluster, namespace, "gw-agent"),
+        lambda n: n == 0,
+        "agents at 0",
+        timeout=WITHIN,
+    )
+    wait_status(cluster, namespace, "gw", "suspended", shows("AgentsReady", "True", "ScaledToZero"))
+    body["spec"]["suspend"] = False
+    apply_job(body)
+    wait_status(cluster, namespace, "gw", "agents back", shows("AgentsReady", "True", "AllReady"), timeout=90)
+
+    pod = agent_pods(cluster, namespace, "gw")[0]["metadata"]["name"]
+    crash = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}}
+    line = "KeyError: 'task'"
+    container = {
+        **rollout_container(crash, False, 1, f"Traceback (most recent call last):\n{line}\n"),
+        "name": "agent",
+    }
+    set_pod_status(cluster, namespace, pod, False, container)
+    st = wait_status(
+        cluster,
+        namespace,
+        "gw",
+        "AgentsReady CrashLoopBackOff",
+        shows("AgentsReady", "False", "CrashLoopBackOff"),
+    )
+    assert line in condition(st, "AgentsReady")["message"] and pod in condition(st, "AgentsReady")["message"]
+    assert line in cluster.kubectl("describe", "arj", "gw", "-n", namespace).stdout
+    set_pod_status(cluster, namespace, pod, False, {**container, "restartCount": 4})
+    st = wait_status(cluster, namespace, "gw", "Failed on the budget", lambda s: s.get("phase") == "Failed")
+    assert st["reason"] == "RestartBudgetExhausted" and line in st["message"]
+    cluster_wait.wait_until(
+        lambda: deployment_replicas(cluster, namespace, "gw-agent"),
+        lambda n: n == 0,
+        "agents at 0",
+        timeout=WITHIN,
+    )
+
+    del body["spec"]["agent"]["workers"]
+    apply_job(body)
+    cluster_wait.wait_until(
+        lambda: cluster.kubectl(
+            "get", "deployment,pdb", "gw-agent", "-n", namespace, "--ignore-not-found", "-o", "name"
+        ).stdout.strip(),
+        lambda left: not left,
+        "the agents' Deployment and budget pruned",
+        timeout=WITHIN,
+    )

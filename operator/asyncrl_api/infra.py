@@ -172,6 +172,47 @@ class VolumeSpec(base.APIModel):
     """Mount read-only."""
 
 
+CODE_MOUNT_PATH = "/opt/asyncrl-code"
+"""Where spec.code.configMap's files are mounted in rollout and trainer pods (first on PYTHONPATH)."""
+
+_CODE_RULES = (
+    base.Rule(
+        cel="has(self.configMap) != has(self.path)",
+        message="code needs exactly one of configMap (its Python files) and path (a directory in the pod)",
+        field_path=".configMap",
+        check=lambda c: (c.config_map is None) != (c.path is None),
+    ),
+)
+
+
+class CodeSpec(base.APIModel):
+    """Your own Python code without building an image: reward functions, tools, tool parsers. Its directory
+    is first on PYTHONPATH of every rollout and trainer process, so `reward.function: my_reward:compute_score`
+    and `agent.tools` import from it (the start-up import checks name the field when a module is missing)."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_CODE_RULES))
+
+    config_map: str | None = pydantic.Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    )
+    """A ConfigMap in the job's namespace whose keys are Python files (`kubectl create configmap
+    my-code --from-file=my_reward.py`), mounted read-only at /opt/asyncrl-code. Python reads a module
+    once: after changing the ConfigMap, restart the pods (`kubectl rollout restart statefulset
+    <job>-rollout <job>-trainer`). A cluster object: `asyncrl run` takes path."""
+    path: str | None = pydantic.Field(default=None, min_length=2, max_length=4096, pattern=r"^/")
+    """A directory already in the pods (on one of spec.volumes, or in the image) holding modules or
+    packages; with `asyncrl run`, a directory on this machine."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> CodeSpec:
+        base.check_rules(self, _CODE_RULES)
+        return self
+
+    def directory(self) -> str:
+        """The directory put on PYTHONPATH."""
+        return self.path or CODE_MOUNT_PATH
+
+
 class ProgressSpec(base.APIModel):
     """How the trainer reports progress into status.progress, and when a job counts as stalled."""
 

@@ -30,8 +30,9 @@ Mode = Literal["async", "one-step-off", "sync"]
 DEFAULT_MAX_STALENESS: dict[str, int] = {"async": 2, "one-step-off": 1, "sync": 0}
 RESERVED_VOLUME_NAMES = (
     "asyncrl-config", "dshm", "store", "asyncrl-tmp", "asyncrl-home", "asyncrl-checkpoints", "asyncrl-model",
+    "asyncrl-code",
 )  # fmt: skip
-RESERVED_MOUNT_PATHS = ("/etc/asyncrl", "/dev/shm", "/tmp", "/home/asyncrl")
+RESERVED_MOUNT_PATHS = ("/etc/asyncrl", "/dev/shm", "/tmp", "/home/asyncrl", infra.CODE_MOUNT_PATH)
 """Mounted by the operator in every workload pod (the config, /dev/shm, and the emptyDirs of a read-only
 root: asyncrl_operator.render.security); a volume of the job may sit below them, not on them."""
 BUILTIN_TASKS = ("lookup", "say_char")
@@ -227,6 +228,9 @@ class AsyncRLJobSpec(base.APIModel):
     """Pod placement."""
     volumes: list[infra.VolumeSpec] = pydantic.Field(default_factory=list, max_length=16)
     """Existing claims mounted into every pod (models, data, checkpoints)."""
+    code: infra.CodeSpec | None = None
+    """Your own Python code (reward functions, tools) from a ConfigMap or a directory, first on PYTHONPATH
+    of rollout and trainer processes: no image to build."""
     progress: infra.ProgressSpec = pydantic.Field(default_factory=infra.ProgressSpec)
     """Progress reporting and stall detection."""
     failure_policy: infra.FailurePolicySpec = pydantic.Field(default_factory=infra.FailurePolicySpec)

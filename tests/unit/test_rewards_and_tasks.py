@@ -75,7 +75,7 @@ def test_prompt_sources(tmp_path: pathlib.Path) -> None:
         ("", "prompt", "holds no prompts"),
         ("{bad\n", "prompt", "line 1 is not JSON"),
         ("[1]\n", "prompt", "line 1 is not a JSON object"),
-        ('{"text": "x"}\n', "prompt", "line 1: field \'prompt\' must be a string"),
+        ('{"text": "x"}\n', "prompt", "line 1: field 'prompt' must be a string"),
     ],
 )
 def test_bad_prompt_sources_name_the_field(

@@ -12,17 +12,34 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from asyncrl_api import config as config_mod
+from asyncrl_api import infra
 
 from asyncrl_workloads.entrypoints import common
 
 
 def _fail(code: int, message: str) -> int:
     return common.fail("asyncrl-rollout", code, message)
+
+
+def code_hint(message: str, code: infra.CodeSpec | None) -> str:
+    """A failed import of a job with spec.code, said with what its directory holds (or that it is not
+    there), so a missing or misnamed file is one line naming both fields."""
+    if code is None or "cannot import module" not in message:
+        return message
+    where = code.directory()
+    field = "spec.code.path" if code.path else "spec.code.configMap"
+    try:
+        files = sorted(p.name for p in pathlib.Path(where).iterdir() if not p.name.startswith("."))
+    except OSError:
+        local = " (a ConfigMap is a cluster object: asyncrl run takes code.path)" if code.config_map else ""
+        return f"{message}; {field}: {where} is not there{local}"
+    return f"{message}; {field} puts {where} on PYTHONPATH, holding {', '.join(files) or 'no files'}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             tools_mod.check_record_tools(records, tools)
             tools_mod.check_record_tools(validation, tools, "spec.data.validation")
     except (loader.RewardLoadError, source.PromptSourceError, tools_mod.ToolLoadError) as exc:
-        return _fail(2, str(exc))
+        return _fail(2, code_hint(str(exc), spec.code))
     common.setup_logging(f"%(asctime)s rollout-{replica} %(levelname)s %(name)s: %(message)s")
     from asyncrl_workloads.endpoints import errors
     from asyncrl_workloads.rollout import main as rollout_main  # heavy: vLLM, torch

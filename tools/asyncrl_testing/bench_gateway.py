@@ -20,6 +20,12 @@ template's tokens), ``max_tokens`` ``--max-tokens``, temperature 1.0, the same p
 On the gateway each client has a session of its own (``POST /rl/sessions`` with ``{"record": null}``,
 opened before the round and ended after it; every request starts a new root of that session).
 
+With ``--apis`` ("Gateway APIs"), no vLLM server: the one gateway serves the same completions through its
+three APIs, each with its own official client: chat completions (``openai``), the Messages API
+(``anthropic``'s ``messages.create``) and the Responses API (``openai``'s ``responses.create``, stateless
+``store: false``); ratio = Messages (Responses) completions/s ÷ chat completions/s per round, the order
+rotating. Goal ≥ 0.95: the conversion must cost next to nothing.
+
 Rounds alternate the order (vllm, gateway / gateway, vllm, ...). Per round, ratio = gateway ÷ vllm
 completions/s (and completion tokens/s); reported as the median with a 95% bootstrap interval of the
 median (``bench_report.median_ci``). Goal ≥ 0.9. Each side's server CPU per completion, by process and
@@ -60,6 +66,8 @@ ADMIN_KEY = "bench-admin-key"
 MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 512
 SIDES = ("vllm", "gateway")
+API_SIDES = ("gateway", "messages", "responses")
+"""--apis: the gateway's chat completions, Messages API and Responses API, on one gateway server."""
 
 
 def prompts(clients: int) -> list[str]:
@@ -144,11 +152,15 @@ def start_servers(
         py, __file__, "--serve-gateway", "--model", str(model), "--port", str(port_b),
         "--block-size", str(args.block_size), "--max-tokens", str(args.max_tokens),
     ]  # fmt: skip
-    servers = {
-        "vllm": (process.Child("vllm", vllm_argv, logs / "vllm.log", env=env, cpus=cpus), port_a),
-        "gateway": (process.Child("gateway", gateway_argv, logs / "gateway.log", env=env, cpus=cpus), port_b),
-    }
-    for child, port in servers.values():
+    gateway = (process.Child("gateway", gateway_argv, logs / "gateway.log", env=env, cpus=cpus), port_b)
+    if args.apis:  # one gateway answers all three sides
+        servers = {side: gateway for side in API_SIDES}
+    else:
+        servers = {
+            "vllm": (process.Child("vllm", vllm_argv, logs / "vllm.log", env=env, cpus=cpus), port_a),
+            "gateway": gateway,
+        }
+    for child, port in set(servers.values()):
         child.wait_ready(functools.partial(_healthy, port), timeout=300)
     return servers
 
@@ -190,6 +202,8 @@ async def run_side(side: str, port: int, args: argparse.Namespace, requests: int
     """``args.clients`` clients sending ``requests`` chat completions each; the round's rates."""
     import openai
 
+    if side in API_SIDES[1:]:
+        return await run_api_side(side, port, args, requests)
     if side == "gateway":
         sessions = await open_sessions(port, args.clients)
         targets = [(s["base_url"], s["api_key"]) for s in sessions]
@@ -244,6 +258,56 @@ async def run_side(side: str, port: int, args: argparse.Namespace, requests: int
     }  # fmt: skip
 
 
+async def run_api_side(side: str, port: int, args: argparse.Namespace, requests: int) -> dict[str, Any]:
+    """As ``run_side``'s gateway side, through the Messages API (the ``anthropic`` SDK) or the Responses
+    API (``openai``'s ``responses.create``, stateless): the same prompts, max tokens and temperature."""
+    import anthropic
+    import openai
+
+    sessions = await open_sessions(port, args.clients)
+    finish: dict[str, int] = {}
+
+    async def one(session: dict[str, Any], prompt: str) -> int:
+        tokens = 0
+        if side == "messages":
+            root = session["base_url"].removesuffix("/v1")
+            client: Any = anthropic.AsyncAnthropic(base_url=root, api_key=session["api_key"], max_retries=0,
+                                                   timeout=300)  # fmt: skip
+        else:
+            client = openai.AsyncOpenAI(
+                base_url=session["base_url"], api_key=session["api_key"], max_retries=0, timeout=300
+            )
+        try:
+            for _ in range(requests):
+                if side == "messages":
+                    message = await client.messages.create(
+                        model=MODEL_NAME, max_tokens=args.max_tokens, extra_body={"temperature": 1.0},
+                        messages=[{"role": "user", "content": prompt}],
+                    )  # fmt: skip
+                    tokens, reason = tokens + message.usage.output_tokens, str(message.stop_reason)
+                else:
+                    response = await client.responses.create(
+                        model=MODEL_NAME, max_output_tokens=args.max_tokens, temperature=1.0, store=False,
+                        input=[{"role": "user", "content": prompt}],
+                    )  # fmt: skip
+                    tokens, reason = tokens + response.usage.output_tokens, str(response.status)
+                finish[reason] = finish.get(reason, 0) + 1
+        finally:
+            await client.close()
+        return tokens
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one(s, p) for s, p in zip(sessions, prompts(args.clients), strict=True)))
+    secs = time.perf_counter() - t0
+    await end_sessions(sessions)
+    n = args.clients * requests
+    return {
+        "completions": n, "seconds": round(secs, 3), "per_s": round(n / secs, 2),
+        "tokens": sum(counts), "tokens_per_s": round(sum(counts) / secs, 1),
+        "tokens_per_completion": round(sum(counts) / n, 1), "finish_reasons": finish,
+    }  # fmt: skip
+
+
 def cpu_split(before: dict[str, float], after: dict[str, float], completions: int) -> dict[str, float]:
     """Server CPU ms per completion by "process/thread", largest first (threads under 0.05 ms left out)."""
     per = {k: 1e3 * (after.get(k, 0.0) - before.get(k, 0.0)) / completions for k in after}
@@ -257,11 +321,12 @@ def core_busy(cores: list[int]) -> float:
 async def bench(
     args: argparse.Namespace, servers: dict[str, tuple[process.Child, int]], cores: list[int]
 ) -> dict[str, Any]:
-    for side in SIDES:  # warm-up: the engines' first steps, the clients' imports, the sessions' paths
+    sides = API_SIDES if args.apis else SIDES
+    for side in sides:  # warm-up: the engines' first steps, the clients' imports, the sessions' paths
         await run_side(side, servers[side][1], args, 2)
     rounds = []
     for r in range(args.rounds):
-        order = SIDES if r % 2 == 0 else SIDES[::-1]
+        order = sides[r % len(sides) :] + sides[: r % len(sides)]  # rotating: each side in each place
         got: dict[str, Any] = {"order": list(order)}
         for side in order:
             child, port = servers[side]
@@ -276,10 +341,24 @@ async def bench(
             # server, other people's processes) as fractions of the round's wall time
             got[side]["server_core_share"] = round(total / wall / max(1, len(cores)), 3)
             got[side]["others_core_share"] = round(max(0.0, busy - total) / wall / max(1, len(cores)), 3)
-        got["ratio"] = round(got["gateway"]["per_s"] / got["vllm"]["per_s"], 3)
-        got["tokens_ratio"] = round(got["gateway"]["tokens_per_s"] / got["vllm"]["tokens_per_s"], 3)
+        if args.apis:
+            for api in API_SIDES[1:]:
+                got[f"{api}_ratio"] = round(got[api]["per_s"] / got["gateway"]["per_s"], 3)
+        else:
+            got["ratio"] = round(got["gateway"]["per_s"] / got["vllm"]["per_s"], 3)
+            got["tokens_ratio"] = round(got["gateway"]["tokens_per_s"] / got["vllm"]["tokens_per_s"], 3)
         rounds.append(got)
         print(json.dumps(got), flush=True)
+    if args.apis:
+        by_api = {api: [r[f"{api}_ratio"] for r in rounds] for api in API_SIDES[1:]}
+        return {
+            **{f"{api}_ratio": round(statistics.median(v), 3) for api, v in by_api.items()},
+            **{f"{api}_interval": list(median_ci(v)) for api, v in by_api.items()},
+            "per_s_medians": {s: statistics.median(r[s]["per_s"] for r in rounds) for s in API_SIDES},
+            "rounds": rounds,
+            "settings": {"clients": args.clients, "requests": args.requests, "max_tokens": args.max_tokens,
+                         "block_size": args.block_size, "prompt_chars": len(prompts(1)[0])},
+        }  # fmt: skip
     ratios, tokens = [r["ratio"] for r in rounds], [r["tokens_ratio"] for r in rounds]
     return {
         "ratio": round(statistics.median(ratios), 3), "interval": list(median_ci(ratios)),
@@ -299,6 +378,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=16, help="completions per client per round")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--stream", action="store_true", help="streaming chat completions")
+    parser.add_argument(
+        "--apis", action="store_true", help="Gateway APIs: Messages and Responses ÷ chat on one gateway"
+    )
     parser.add_argument(
         "--vllm-logprobs",
         action="store_true",
@@ -339,7 +421,7 @@ def main() -> int:
             }
             result = asyncio.run(bench(args, servers, sorted(cpus) if cpus else []))
         finally:
-            for child, _ in servers.values():
+            for child, _ in set(servers.values()):
                 child.stop()
     result.update(
         pinning={"servers": sorted(cpus) if cpus else "unpinned", "affinity_seen": affinity,

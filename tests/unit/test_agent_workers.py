@@ -43,7 +43,8 @@ def _objects(job: models.AsyncRLJob) -> dict[tuple[str, str], Any]:
 def test_a_gateway_job_without_workers_renders_no_agents() -> None:
     objects = _objects(_job())
     assert ("Deployment", "gw-agent") not in objects and ("PodDisruptionBudget", "gw-agent") not in objects
-    assert {("Deployment", "gw-agent"), ("PodDisruptionBudget", "gw-agent")} <= set(render.optional("gw"))
+    pruned = {("Deployment", "gw-agent"), ("PodDisruptionBudget", "gw-agent"), ("NetworkPolicy", "gw-agent")}
+    assert pruned <= set(render.optional("gw"))
 
 
 def test_workers_run_the_users_agent_with_the_gateway_url_and_the_admin_key_from_its_secret() -> None:
@@ -126,6 +127,9 @@ def test_the_jobs_policy_leaves_agents_out_and_the_gateway_port_is_open_to_them(
     assert own["ingress"][0]["from"][0]["podSelector"]["matchExpressions"] == [excluded]
     gateway = objects[("NetworkPolicy", "gw-gateway")]["spec"]
     assert gateway["ingress"][0]["from"] == [{"podSelector": {}}]  # every pod of the namespace
+    own = objects[("NetworkPolicy", "gw-agent")]["spec"]
+    assert own["podSelector"]["matchLabels"] == {names.JOB: "gw", names.ROLE: "agent"}
+    assert (own["policyTypes"], own["ingress"]) == (["Ingress"], [])  # agents serve nothing
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     )
     for kind in ("StatefulSet",)
     for role in ("rollout", "trainer")
+} | {
+    ("Deployment", "agent", "container-resources"): (
+        "cpu and memory of the agent workers come from spec.agent.workers.resources: the user's to size "
+        "for their own agent program; the operator adds only ephemeral storage"
+    )
 }
 
 

@@ -65,7 +65,11 @@ def render(job: models.AsyncRLJob) -> list[Manifest]:
     ]
     agent_deployment = agents.render_deployment(job)
     if agent_deployment is not None:  # after the rollouts: agents only start once a gateway serves
-        objects += [disruption.render_pod_disruption_budget(job, names.AGENT), agent_deployment]
+        objects += [
+            agents.render_network_policy(job),
+            disruption.render_pod_disruption_budget(job, names.AGENT),
+            agent_deployment,
+        ]
     return objects
 
 
@@ -76,6 +80,7 @@ def optional(job_name: str) -> list[tuple[str, str]]:
     return [
         ("NetworkPolicy", names.gateway(job_name)),
         ("Service", names.gateway(job_name)),
+        ("NetworkPolicy", names.agent(job_name)),
         ("PodDisruptionBudget", names.agent(job_name)),
         ("Deployment", names.agent(job_name)),
         (f"{gang.POD_GROUP_KIND}.{gang.COSCHEDULING_GROUP}", names.trainer(job_name)),

@@ -16,8 +16,8 @@ Called by ``render.render``; ``render.optional`` names both so that removing ``w
 - Network: agent pods carry the job's label (so their status and restarts count for the job) but the
   job's own NetworkPolicy excludes role ``agent`` (``render.network``): an agent runs the user's code
   and must not reach the trainer or NATS, only the gateway port, which ``render.gateway``'s policy opens
-  to every pod of the namespace. Their own egress is left to the namespace's policies (a coding agent's
-  tools may need the web).
+  to every pod of the namespace. Their own policy ``<job>-agent`` admits no ingress (an agent serves
+  nothing); their egress is left to the namespace's policies (a coding agent's tools may need the web).
 - Budget: ``maxUnavailable: 1``; an evicted agent only loses its open sessions, which expire uncounted
   in training.
 """
@@ -33,12 +33,9 @@ from asyncrl_operator.render import names, pods, secrets, security
 DRIVER = "asyncrl"
 DRIVER_TIMEOUT_FRACTION = 0.9
 """Of the gateway's sessionTimeoutSeconds: when the driver kills a session's process."""
-REVIEW_IGNORES = {
-    # No HTTP port to probe: an agent is a client (of the gateway); a wedged one is seen by its sessions
-    # expiring (asyncrl_gateway_sessions_total{state="expired"}), and a crash restarts the container.
-    "container-image-pull-policy",
-    "pod-probes",
-}
+REVIEW_IGNORES = {"container-image-pull-policy"}
+"""As the workload pods' (``render.pods.REVIEW_IGNORES``). No probes: an agent serves no port (no Service
+selects it); a wedged one shows as its sessions expiring, a crash as a restart."""
 
 
 def spec(job: models.AsyncRLJob) -> tuple[task.GatewaySpec, agents.AgentWorkersSpec] | None:
@@ -77,6 +74,20 @@ def env(job: models.AsyncRLJob, gateway: task.GatewaySpec, workers: agents.Agent
         {"name": config.GATEWAY_URL_ENV, "value": url},
         secrets.secret_env(config.GATEWAY_ADMIN_KEY_ENV, gateway.admin_key_secret),
     ]
+
+
+def render_network_policy(job: models.AsyncRLJob) -> dict[str, Any]:
+    """No ingress to the agent pods: they are clients of the gateway and serve nothing."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": names.metadata(job, names.agent(job.metadata.name), "network"),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector(job.metadata.name, names.AGENT)},
+            "policyTypes": ["Ingress"],
+            "ingress": [],
+        },
+    }
 
 
 def render_deployment(job: models.AsyncRLJob) -> dict[str, Any] | None:

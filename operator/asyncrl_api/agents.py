@@ -26,23 +26,33 @@ RESERVED_ENV = (GATEWAY_URL_ENV, GATEWAY_ADMIN_KEY_ENV)
 Arg = Annotated[str, pydantic.Field(max_length=4096)]
 
 
-class KeySelector(base.APIModel):
-    """A key of a Secret or ConfigMap in the job's namespace."""
+class NamedRef(base.APIModel):
+    """A Secret or ConfigMap in the job's namespace."""
 
     name: str = pydantic.Field(min_length=1, max_length=253)
-    """Secret or ConfigMap name."""
+    """Its name."""
+    optional: bool = False
+    """Start the pod even when it (or the key) is missing; the variables are then unset."""
+
+
+class KeySelector(NamedRef):
+    """A key of a Secret or ConfigMap in the job's namespace."""
+
     key: str = pydantic.Field(min_length=1, max_length=253)
     """Key within it."""
-    optional: bool = False
-    """Start the pod even when the object or key is missing (the variable is then unset)."""
+
+
+def _exactly_one(what: str, first: tuple[str, str], second: tuple[str, str]) -> base.Rule:
+    """``what`` takes exactly one of two fields, each given as (camelCase name, attribute)."""
+    return base.Rule(
+        cel=f"has(self.{first[0]}) != has(self.{second[0]})",
+        message=f"{what} takes exactly one of {first[0]} and {second[0]}",
+        check=lambda s: (getattr(s, first[1]) is None) != (getattr(s, second[1]) is None),
+    )
 
 
 _SOURCE_RULES = (
-    base.Rule(
-        cel="has(self.secretKeyRef) != has(self.configMapKeyRef)",
-        message="valueFrom takes exactly one of secretKeyRef and configMapKeyRef",
-        check=lambda s: (s.secret_key_ref is None) != (s.config_map_key_ref is None),
-    ),
+    _exactly_one("valueFrom", ("secretKeyRef", "secret_key_ref"), ("configMapKeyRef", "config_map_key_ref")),
 )
 
 
@@ -96,22 +106,7 @@ class EnvVar(base.APIModel):
         return self
 
 
-class NamedRef(base.APIModel):
-    """A Secret or ConfigMap in the job's namespace, all of whose keys become variables."""
-
-    name: str = pydantic.Field(min_length=1, max_length=253)
-    """Its name."""
-    optional: bool = False
-    """Start the pod even when it is missing."""
-
-
-_ENV_FROM_RULES = (
-    base.Rule(
-        cel="has(self.secretRef) != has(self.configMapRef)",
-        message="envFrom takes exactly one of secretRef and configMapRef",
-        check=lambda s: (s.secret_ref is None) != (s.config_map_ref is None),
-    ),
-)
+_ENV_FROM_RULES = (_exactly_one("envFrom", ("secretRef", "secret_ref"), ("configMapRef", "config_map_ref")),)
 
 
 class EnvFromSource(base.APIModel):

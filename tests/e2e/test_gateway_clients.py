@@ -65,6 +65,7 @@ def _write_job(tmp: pathlib.Path) -> pathlib.Path:
     spec["trainer"]["batch"] = {"prompts": 1, "miniBatches": 1, "microBatchTokens": CONTEXT}
     spec["agent"].update(toolParser="hermes", maxAssistantTurns=6)
     spec["agent"].pop("stopTokens")  # <tool_call> starts the scripted call: it must not stop the turn
+    spec["agent"].pop("workers")  # the clients below are this job's agents, not the example's lookup agent
     spec["agent"]["gateway"]["port"] = process.free_port()
     spec["maxSteps"] = 1000  # the module ends the run
     spec["progress"]["reportIntervalSeconds"] = 1

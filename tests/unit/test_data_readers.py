@@ -179,3 +179,19 @@ def test_directories_the_readers_cannot_use(tmp_path: pathlib.Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(source.PromptSourceError, match="without state.json"):
         source.load_prompts(str(tmp_path / "empty"))
+
+
+def test_the_judge_and_the_chat_prompt_read_dotted_keys() -> None:
+    from asyncrl_api import task as task_api
+    from asyncrl_workloads.episode import chat
+    from asyncrl_workloads.rewards import judge
+
+    record = {**GSM8K_ROWS[2], "q": {"messages": GSM8K_ROWS[2]["prompt"]}}
+    spec = task_api.JudgeSpec(
+        template="{prompt} | {reference} | {response}", referenceKey="reward_model.ground_truth"
+    )
+    messages = judge.build_messages(spec, record, "4", None, "q.messages")
+    assert messages == [{"role": "user", "content": "What is 2 + 2? Let's think step by step. | 4 | 4"}]
+    assert chat.messages_of(record, "q.messages") == GSM8K_ROWS[2]["prompt"]
+    with pytest.raises(KeyError, match="q.nope"):
+        chat.messages_of(record, "q.nope")

@@ -315,8 +315,23 @@ def test_operator_with_the_chart_token_renders_a_gateway_job_and_prunes_it_after
     owned = kubectl("get", CHILD_KINDS, "-n", namespace, "-l", f"asyncrl.dev/job={job}", "-o", "json").stdout
     assert len(json.loads(owned)["items"]) >= 10 and key not in owned  # the key is in the Secret only
 
-    # agent.loop gateway -> tool: the operator deletes the gateway's Service and NetworkPolicy.
-    tool_loop = {"loop": "tool", "gateway": None, "tools": ["asyncrl_workloads.tasks.lookup:lookup"]}
+    # its agent worker (spec.agent.workers) as a Deployment, with the key only as a secretKeyRef
+    agents = cluster_wait.wait_until(
+        lambda: get(kubectl, "deployment", "gw-agent", "-n", namespace, "--ignore-not-found"),
+        bool,
+        "the agent workers' Deployment",
+        timeout=60,
+    )
+    agent_env = {e["name"]: e for e in agents["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert agent_env["ASYNCRL_GATEWAY_ADMIN_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": admin, "key": "apiKey"}
+    }
+
+    # agent.loop gateway -> tool: the operator deletes the gateway's Service and NetworkPolicy and the
+    # agents' Deployment, budget and policy.
+    tool_loop = {
+        "loop": "tool", "gateway": None, "workers": None, "tools": ["asyncrl_workloads.tasks.lookup:lookup"]
+    }  # fmt: skip
     kubectl(
         "patch",
         "asyncrljob",
@@ -333,6 +348,21 @@ def test_operator_with_the_chart_token_renders_a_gateway_job_and_prunes_it_after
         ).stdout.strip(),
         lambda left: not left,
         "the gateway's Service and NetworkPolicy deleted",
+        timeout=30,
+    )
+    cluster_wait.wait_until(
+        lambda: kubectl(
+            "get",
+            "deployment,pdb,networkpolicy",
+            "gw-agent",
+            "-n",
+            namespace,
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ).stdout.strip(),
+        lambda left: not left,
+        "the agents' Deployment, budget and policy deleted",
         timeout=30,
     )
     headless = get(kubectl, "service", "gw-rollout", "-n", namespace)

@@ -163,3 +163,35 @@ def test_a_ground_truth_key_for_a_function_that_does_not_read_it_is_refused() ->
         "spec.reward.groundTruthKey: only a verl-style reward.function (one with a solution_str parameter)"
         " reads it; 'asyncrl_workloads.tasks.say_char:reward' takes (record, response)"
     )
+
+
+def test_validation_rows_carry_the_extras_as_verls_generations_log_does() -> None:
+    from asyncrl_workloads.rollout import validation
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    records = [{**RECORD, "say": "4"}, {**RECORD, "say": "5"}]
+
+    async def generate(record: dict[str, Any]) -> tuple[str, Any]:
+        return record["say"], None
+
+    def compute_score(data_source: str, solution_str: str, ground_truth: str) -> dict[str, Any]:
+        return {"score": float(solution_str == ground_truth), "length": len(solution_str), "note": "x"}
+
+    async def send(part: str, body: dict[str, Any]) -> None:
+        sent.append((part, body))
+
+    async def run() -> None:
+        identity = metrics_mod.Identity("test-verl-rewards", "validation", "rollout", "0")
+        v = validation.Validator(
+            validation.ValidationSettings(1, concurrency=2), records, generate,
+            scorer.Scorer(compute_score), send, metrics_mod.bind(identity), {0: 0}.__getitem__,
+        )  # fmt: skip
+        v.loaded(0)
+        await v.wait()
+
+    asyncio.run(run())
+    rows = [body for part, body in sent if part == "sample"]
+    assert [(r["reward"], r["rewardExtras"]) for r in rows] == [
+        (1.0, {"length": 1.0}),
+        (0.0, {"length": 1.0}),
+    ]

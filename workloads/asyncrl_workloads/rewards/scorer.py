@@ -85,18 +85,24 @@ class Scorer:
     async def score(self, record: Mapping[str, Any], response: str, episode: Any = None) -> float:
         """The sample's reward (see the module docstring); ``episode`` is the agent loop's recorder or
         a gateway session's (its ``messages`` are the conversation the judge reads), None otherwise."""
+        return (await self.evaluate(record, response, episode)).value
+
+    async def evaluate(self, record: Mapping[str, Any], response: str, episode: Any = None) -> loader.Scored:
+        """``score`` with the rule function's extras (a dict result's numeric keys), which also go to
+        ``asyncrl_reward_extra{key}``; validation writes them into its generations rows."""
         total = 0.0
+        extras: Mapping[str, float] = {}
         if self.function is not None:
             result = await call_function(self.function, record, response, episode, self.ground_truth_key)
+            extras = result.extras
             if self.metrics is not None:
-                for key, extra in result.extras.items():
+                for key, extra in extras.items():
                     self.metrics.reward_extra_by(key).observe(extra)
-            value = result.value
-            total += value * (self.function_weight if self.judge is not None else 1.0)
+            total += result.value * (self.function_weight if self.judge is not None else 1.0)
         if self.judge is not None:
             conversation = getattr(episode, "messages", None) if episode is not None else None
             total += self.judge.spec.weight * await self.judge.score(record, response, conversation)
-        return total
+        return loader.Scored(total, extras)
 
     def gave_up(self) -> errors_mod.EndpointError | None:
         """The judge's last error once it has failed for longer than giveUpAfterSeconds, else None."""

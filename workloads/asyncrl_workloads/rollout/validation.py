@@ -85,10 +85,12 @@ def sample_row(
     response: str,
     reward: float | None,
     error: str | None,
+    extras: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One line of the generations JSONL (as verl's validation generations logger: step, input, output,
-    score, plus the record): ``reward`` None with ``error`` set when the reward failed."""
-    return {
+    score, plus the record): ``reward`` None with ``error`` set when the reward failed; ``rewardExtras``
+    the numeric extras of a reward function's dict result (verl's reward_extra_info), when it had any."""
+    row = {
         "step": step,
         "version": version,
         "prompt": fields.get(record, prompt_key),
@@ -97,6 +99,7 @@ def sample_row(
         "error": error,
         "record": dict(record),
     }
+    return {**row, "rewardExtras": dict(extras)} if extras else row
 
 
 def fit(row: dict[str, Any], limit: int) -> dict[str, Any] | None:
@@ -214,12 +217,14 @@ class Validator:
                 text, episode = await self.generate(record)
             except chat_mod.FormatError as exc:  # a record the template rejects: a failed sample
                 return sample_row(step, version, record, self.s.prompt_key, "", None, str(exc))
+        extras: Mapping[str, float] = {}
         try:
-            reward: float | None = await self.scorer.score(record, text, episode)
-            error = None
+            scored = await self.scorer.evaluate(record, text, episode)
+            reward: float | None = scored.value
+            extras, error = scored.extras, None
         except Exception as exc:  # as in training: a failed reward is counted, never made up
             reward, error = None, f"{type(exc).__name__}: {exc}"
-        return sample_row(step, version, record, self.s.prompt_key, text, reward, error)
+        return sample_row(step, version, record, self.s.prompt_key, text, reward, error, extras)
 
 
 FRAME_MARGIN = 1024

@@ -1,25 +1,30 @@
-"""An agent outside the package teaches the model through the gateway: `asyncrl run` of
-examples/gateway-cpu.yaml (1 rollout replica, the trainer, the embedded nats-server) and the example
-agent examples/agents/lookup_agent.py as a process of its own, pointed at the run with the URL and admin
-key the runner wrote to gateway.json (as a user would from what it prints). The agent opens groups,
-runs its tool loop with the unmodified openai and anthropic SDKs (streamed: `--stream`), its groups
-taking chat completions, the Messages API and the Responses API in turn, rewards each session itself and
-ends it. A real Prometheus (asyncrl_testing.prometheus) scrapes the run's processes every second.
+"""An agent outside the package teaches the model through the gateway, from one command: `asyncrl run` of
+examples/gateway-cpu.yaml (1 rollout replica, the trainer, the embedded nats-server, and the job's own
+agent worker, spec.agent.workers: examples/agents/lookup_agent.py, which imports nothing of asyncrl,
+given the gateway's URL and the run's admin key by the runner). No second process is started by the test
+for it. The agent opens groups, runs its tool loop with the unmodified openai and anthropic SDKs
+(streamed: `--stream`), its groups taking chat completions, the Messages API and the Responses API in
+turn, rewards each session itself and ends it. A real Prometheus (asyncrl_testing.prometheus) scrapes the
+run's processes every second. Beside it, `asyncrl agent` drives a command-line agent that never exits
+(`sleep`): each of its sessions is killed at --timeout and aborted, nothing of it is published, and its
+next group proceeds.
 
 Checked, once the trainer has made STEPS steps:
 - the job dashboard's "Agent gateway" row (the row tests/e2e/test_observability.py leaves out): every
   panel query, Grafana's variables filled, answers a number -- not nothing, nor NaN (a quantile of a
   histogram without observations); the agent streams so that time to first token is observed;
 
-and once the agent was stopped (Ctrl-C) and everything is quiet:
+and once the agent worker was paused (SIGSTOP: a worker that exits is restarted, as in a Deployment)
+and everything is quiet:
 - learning: the trainer's per-step mean reward of the last fifth exceeds the first fifth by > 3
   standard errors;
 - the engine's logprobs, as the gateway recorded them, equal the trainer's for samples of its current
   weights (the steps' fresh_logprob_gap);
 - conservation: trajectories produced (the rollout's counter) = stored in the stream = consumed +
   dropped (the trainer's counters) + still in the stream;
-- the gateway's own books: sessions started = ended + expired + still open, every group the agent
-  finished was answered 200 throughout, and no request got a 5xx;
+- the gateway's own books: sessions started = ended + expired + aborted + still open, the aborted ones
+  exactly the `asyncrl agent` sessions, every group the agent finished was answered 200 throughout, and
+  no request got a 5xx;
 - the runner stops the run on Ctrl-C: no process of the run is left, within 30 s by its summary.
 """
 
@@ -41,7 +46,6 @@ from asyncrl_workloads.local import process
 
 pytestmark = pytest.mark.e2e
 REPO = pathlib.Path(__file__).resolve().parents[2]
-AGENT = REPO / "examples" / "agents" / "lookup_agent.py"
 STEPS = 20
 GROUP = 8  # sessions per group, as the job's samplesPerPrompt
 DEADLINE_S = 780
@@ -57,6 +61,9 @@ def _write_job(tmp_path: pathlib.Path) -> pathlib.Path:
     spec["agent"]["gateway"]["port"] = process.free_port()
     spec["maxSteps"] = STEPS * 10  # the test ends the run: quiet first, then Ctrl-C
     spec["progress"]["reportIntervalSeconds"] = 1
+    worker = spec["agent"]["workers"]  # the example's worker, streamed and speaking the three APIs in turn
+    assert worker["command"][1] == "examples/agents/lookup_agent.py"
+    worker["command"] += ["--stream", "--apis", ",".join(APIS)]
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
@@ -109,7 +116,6 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
     started = time.monotonic()
     run_dir, logs = tmp_path / "run", tmp_path / "run" / "logs"
     runner_log = (tmp_path / "runner.log").open("w")
-    agent_log = (tmp_path / "agent.log").open("w")
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
@@ -121,7 +127,7 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         cwd=REPO, env=env, stdout=runner_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     procs = {"runner": runner}
-    agent = prom = None
+    prom = None
     try:
         info_path = run_dir / "gateway.json"
         _wait("gateway.json", info_path.exists, procs, logs, 120)
@@ -130,13 +136,8 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         described = json.loads((run_dir / "pods.json").read_text())  # written before gateway.json
         pods = {p["role"]: p["metricsPort"] for p in described}
         targets = [f"127.0.0.1:{p['metricsPort']}" for p in described]
+        assert [p["name"] for p in described if p["role"] == "agent"] == ["gw-agent-0"]
         prom = prometheus_server.start(targets, honor_labels=True)  # keep the run's job/namespace labels
-        agent = subprocess.Popen(
-            [sys.executable, str(AGENT), "--n", str(GROUP), "--concurrency", "8", "--stream",
-             "--apis", ",".join(APIS)],
-            cwd=REPO, env={**env, **info["env"]}, stdout=agent_log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        procs["agent"] = agent
         steps_log = run_dir / "steps.jsonl"
 
         def trained() -> bool:
@@ -151,23 +152,29 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         ]
         no_data = dashboards.without_data(prom, panels, timeout=60, shows=dashboards.has_number)
         shown = [f"{title}: {_shown(prom.query(expr))}" for title, expr in panels]
-        agent.send_signal(signal.SIGINT)
-        assert agent.wait(timeout=30) == 130
+        # a command-line agent that never exits: both sessions of each of its 2 groups killed at 3 s
+        cli_agent = subprocess.run(
+            [sys.executable, "-m", "asyncrl_workloads.cli", "agent", "--n", "2", "--groups", "2",
+             "--timeout", "3", "--", "sleep", "600"],
+            cwd=tmp_path, env={**env, **info["env"]}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        run_pids = procfs.run_processes(run_dir)
+        worker = next(pid for pid in run_pids if "lookup_agent.py" in procfs.cmdline(pid, limit=4096))
+        os.kill(worker, signal.SIGSTOP)  # the job's agent pauses: no new sessions, the run goes quiet
         rollout, trainer = _quiet([pods["rollout"], pods["trainer"]])
         nats_url = json.loads((run_dir / "job.json").read_text())["endpoints"]["natsUrl"]
         stored, in_stream = learning.stream_state(nats_url, NAMESPACE, JOB)
         running = procfs.run_processes(run_dir)
+        os.kill(worker, signal.SIGCONT)  # it then takes the runner's SIGTERM like every pod
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=90) == 130
         left = procfs.run_processes(run_dir)
     finally:
-        for proc in (agent, runner):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
+        if runner.poll() is None:
+            runner.kill()
         if prom is not None:
             prom.stop()
         runner_log.close()
-        agent_log.close()
     print(
         f"{STEPS} steps trained {trained_s:.0f} s after start; whole test {time.monotonic() - started:.0f} s"
     )
@@ -179,8 +186,11 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
     assert left == [], left
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["detail"] == "SIGINT" and summary["stopSeconds"] < 30, summary
-    agent_output = (tmp_path / "agent.log").read_text()
+    agent_output = (run_dir / "logs" / "gw-agent-0.log").read_text()
     assert "group g" in agent_output, agent_output[-3000:]
+    assert cli_agent.returncode == 0, cli_agent.stdout[-2000:] + cli_agent.stderr[-2000:]
+    assert cli_agent.stdout.splitlines()[-1] == "asyncrl agent: 2 groups, 0 sessions ended, 4 aborted"
+    assert cli_agent.stdout.count("still running at --timeout 3s: killed, session aborted") == 4
 
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     learning.assert_rises([s["reward_mean"] for s in steps], "reward")
@@ -203,8 +213,9 @@ def test_an_outside_agent_teaches_the_model_to_call_its_tool_through_the_gateway
         for state in ("started", "ended", "expired", "aborted")
     }
     active = learning.total(rollout, "asyncrl_gateway_sessions_active")
-    assert sessions["started"] == sessions["ended"] + sessions["expired"] + active, (sessions, active)
-    assert sessions["ended"] >= produced and sessions["aborted"] == 0
+    closed = sessions["ended"] + sessions["expired"] + sessions["aborted"]
+    assert sessions["started"] == closed + active, (sessions, active)
+    assert sessions["ended"] >= produced and sessions["aborted"] == 4  # the sleeping CLI's, nothing else
     codes = {
         (dict(labels)["route"], dict(labels)["code"]): value
         for name, labels, value in rollout

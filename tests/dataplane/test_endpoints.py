@@ -253,12 +253,21 @@ def test_a_redirect_to_a_login_page_is_unauthorized_naming_it(
     assert len(faults.arrivals) == 1 and requests_counted("redirect", "302") == 1
 
 
-def test_an_error_object_answered_with_200_is_quoted_first(
+def test_an_error_object_answered_with_200_is_quoted_first_and_retried_when_it_says_overloaded(
     make: Callable[..., client_mod.Client], loop: runner.Runner, faults: fault_server.FaultServer
 ) -> None:
-    faults.default = fault_server.answered_error({"message": "upstream provider overloaded", "code": 502})
+    faults.default = fault_server.answered_error("quota exceeded")  # says nothing retryable
     err = fails(loop, make(endpoint(faults.base_url)))
-    assert err.kind == "BadResponse"
+    assert (err.kind, err.retryable) == ("BadResponse", False) and len(faults.arrivals) == 1
+    assert err.message.startswith("the endpoint answered an error: quota exceeded")
+    overloaded = fault_server.answered_error({"message": "upstream provider overloaded", "code": 502})
+    faults.default = fault_server.OK
+    faults.script(overloaded)  # a 502 in the body: ServerError, retried, and the next answer is used
+    loop.call(make(endpoint(faults.base_url, max_retries=2)).preflight("chat"), timeout=120)
+    assert len(faults.arrivals) == 3
+    faults.default = overloaded
+    err = fails(loop, make(endpoint(faults.base_url, max_retries=1)))
+    assert (err.kind, err.retryable) == ("ServerError", True)
     assert err.message.startswith("the endpoint answered an error: upstream provider overloaded (code 502)")
 
 

@@ -245,21 +245,34 @@ def test_a_redirect_is_unauthorized_naming_where_it_went_and_the_bearer_key() ->
 
 
 @pytest.mark.parametrize(
-    ("body", "said"),
+    ("body", "said", "kind"),
     [
         (
             '{"error": {"message": "upstream provider overloaded", "type": "server_error", "code": 502}}',
             "the endpoint answered an error: upstream provider overloaded (code 502, type server_error); ",
+            "ServerError",  # as the 502 it stands for: retried
         ),
-        ('{"error": "quota exceeded"}', "the endpoint answered an error: quota exceeded; "),
-        ('{"error": {"code": 7}}', 'the endpoint answered an error: {"code": 7}; '),
-        ('{"id": "x"}', "the answer has no choices[0]; "),
+        (
+            '{"error": {"message": "slow down", "type": "rate_limit_exceeded"}}',
+            "the endpoint answered an error: slow down (type rate_limit_exceeded); ",
+            "RateLimited",
+        ),
+        (
+            '{"error": {"message": "no", "code": 429}}',
+            "the endpoint answered an error: no (code 429); ",
+            "RateLimited",
+        ),
+        ('{"error": "quota exceeded"}', "the endpoint answered an error: quota exceeded; ", "BadResponse"),
+        ('{"error": {"code": 7}}', 'the endpoint answered an error: {"code": 7}; ', "BadResponse"),
+        ('{"id": "x"}', "the answer has no choices[0]; ", "BadResponse"),
     ],
 )
-def test_an_error_object_in_place_of_choices_is_quoted_first(body: str, said: str) -> None:
+def test_an_error_object_in_place_of_choices_is_quoted_first_and_classed_by_what_it_says(
+    body: str, said: str, kind: str
+) -> None:
     with pytest.raises(errors.EndpointError) as info:
         client.Client(endpoint())._choice(body)
-    assert info.value.kind == "BadResponse" and not info.value.retryable
+    assert info.value.kind == kind and info.value.retryable == (kind != "BadResponse")
     assert info.value.message.startswith(said) and repr(body) in info.value.message
 
 

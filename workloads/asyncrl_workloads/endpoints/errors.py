@@ -16,8 +16,8 @@ and shows the class as the EndpointsReady condition's reason, the line as its me
     NotFound      404 (model or path): lists the served models when /models answered
     BadResponse   an answer that is not JSON or has no choices[0]: quotes its first 200 characters, after
                   the message of an error object the server sent in place of choices
-    RateLimited   429 (Retry-After kept)                                             retryable
-    ServerError   5xx                                                                retryable
+    RateLimited   429 (Retry-After kept), or a 2xx error object saying 429/rate limit retryable
+    ServerError   5xx, or a 2xx error object saying 5xx/server error/overloaded       retryable
     BadRequest    any other 4xx (e.g. prompt too long): this request only, not retried
 
 No message ever holds the API key: the HTTP library's own errors can (h11 quotes a refused header
@@ -128,15 +128,34 @@ def bad_response(endpoint: settings.Endpoint, body: str, why: str) -> EndpointEr
     return EndpointError("BadResponse", endpoint, f"{why}; the answer began: {quoted!r}", status=None)
 
 
+RATE_LIMITED_TYPES = frozenset(
+    {"rate_limit_error", "rate_limit_exceeded", "rate_limited", "too_many_requests"}
+)
+SERVER_ERROR_TYPES = frozenset(
+    {"server_error", "api_error", "overloaded_error", "internal_error", "overloaded"}
+)
+
+
 def answered_error(endpoint: settings.Endpoint, body: str, error: object) -> EndpointError:
     """A 2xx whose body is an error object (``{"error": {"message": ...}}`` or ``{"error": "..."}``, as
-    some proxies and aggregators send) in place of choices: BadResponse, the error's own message first."""
+    some proxies and aggregators send) in place of choices, the error's own message first. Its class
+    follows what the object says, as the HTTP status would have: a ``code`` of 429 or a rate-limit
+    ``type`` is RateLimited, a 5xx ``code`` or a server/overloaded ``type`` ServerError (both retried:
+    "upstream provider overloaded" usually passes), anything else BadResponse."""
+    code = kind = None
     if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
         details = [f"{k} {error[k]}" for k in ("code", "type") if isinstance(error.get(k), str | int)]
         text = error["message"] + (f" ({', '.join(details)})" if details else "")
+        code, kind = str(error.get("code") or ""), str(error.get("type") or "").lower()
     else:
         text = error if isinstance(error, str) else json.dumps(error)
-    return bad_response(endpoint, body, f"the endpoint answered an error: {text[:BODY_QUOTE_CHARS]}")
+    said = f"the endpoint answered an error: {text[:BODY_QUOTE_CHARS]}"
+    quoted = f"; the answer began: {body[:BODY_QUOTE_CHARS]!r}"
+    if code == "429" or kind in RATE_LIMITED_TYPES or (code or "").lower() in RATE_LIMITED_TYPES:
+        return EndpointError("RateLimited", endpoint, said + quoted)
+    if (code and code.isdigit() and code.startswith("5") and len(code) == 3) or kind in SERVER_ERROR_TYPES:
+        return EndpointError("ServerError", endpoint, said + quoted)
+    return bad_response(endpoint, body, said)
 
 
 def redirected(endpoint: settings.Endpoint, response: Response) -> EndpointError:

@@ -255,6 +255,34 @@ def test_the_example_agents_run_a_group_of_the_jobs_data(run: dict[str, Any], ex
     SESSIONS.append(example)
 
 
+def test_claude_code_runs_once_per_session_under_asyncrl_agent(run: dict[str, Any]) -> None:
+    """The builtin driver as examples/claude-code.yaml's workers run it (`asyncrl agent -- claude -p
+    {prompt}`), here by hand against the run's gateway: a group of the job's data, one session, Claude
+    Code with the session in ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY and a HOME of its own, the job's reward
+    function scoring the session it ended."""
+    if not CLAUDE.exists():
+        pytest.skip(f"Claude Code is not installed at {CLAUDE} (tools/setup.sh all installs it)")
+    env = {
+        **os.environ,
+        **run["env"],
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl_workloads.cli", "agent", "--n", "1", "--groups", "1",
+         "--session-home", "--workdir", str(run["tmp"]), "--timeout", "500",
+         "--", str(CLAUDE), "-p", "{prompt}", "--model", "tiny"],
+        cwd=run["tmp"], env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[-1] == "asyncrl agent: 1 groups, 1 sessions ended, 0 aborted", (
+        done.stdout[-3000:],
+        done.stderr[-3000:],
+    )
+    assert ": exit 0:" in lines[0], lines
+    SESSIONS.append("asyncrl agent -- claude")
+
+
 def test_every_session_reached_the_trainer(run: dict[str, Any]) -> None:
     """Runs last: produced = stored = consumed + dropped + in the stream, one consumed per session."""
     assert SESSIONS, "no client test ran"

@@ -342,28 +342,19 @@ def test_operator_with_the_chart_token_renders_a_gateway_job_and_prunes_it_after
         "-p",
         json.dumps({"spec": {"agent": tool_loop}}),
     )
-    cluster_wait.wait_until(
-        lambda: kubectl(
-            "get", "service,networkpolicy", "gw-gateway", "-n", namespace, "--ignore-not-found", "-o", "name"
-        ).stdout.strip(),
-        lambda left: not left,
+    cluster_wait.wait_deleted(
+        kubectl,
+        "service,networkpolicy",
+        "gw-gateway",
+        namespace,
         "the gateway's Service and NetworkPolicy deleted",
-        timeout=30,
     )
-    cluster_wait.wait_until(
-        lambda: kubectl(
-            "get",
-            "deployment,pdb,networkpolicy",
-            "gw-agent",
-            "-n",
-            namespace,
-            "--ignore-not-found",
-            "-o",
-            "name",
-        ).stdout.strip(),
-        lambda left: not left,
-        "the agents' Deployment, budget and policy deleted",
-        timeout=30,
+    cluster_wait.wait_deleted(
+        kubectl,
+        "deployment,pdb,networkpolicy",
+        "gw-agent",
+        namespace,
+        "the agents' Deployment, budget, policy deleted",
     )
     headless = get(kubectl, "service", "gw-rollout", "-n", namespace)
     assert [p["name"] for p in headless["spec"]["ports"]] == ["metrics"]

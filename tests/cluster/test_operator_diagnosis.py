@@ -326,18 +326,6 @@ def test_agent_workers_run_with_the_job_stop_with_it_and_a_crash_loop_spends_its
 
     del body["spec"]["agent"]["workers"]
     apply_job(body)
-    cluster_wait.wait_until(
-        lambda: cluster.kubectl(
-            "get",
-            "deployment,pdb,networkpolicy",
-            "gw-agent",
-            "-n",
-            namespace,
-            "--ignore-not-found",
-            "-o",
-            "name",
-        ).stdout.strip(),
-        lambda left: not left,
-        "the agents' Deployment, budget and policy pruned",
-        timeout=WITHIN,
+    cluster_wait.wait_deleted(
+        cluster.kubectl, "deployment,pdb,networkpolicy", "gw-agent", namespace, "the agents' objects pruned"
     )

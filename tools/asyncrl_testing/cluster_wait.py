@@ -6,6 +6,7 @@ about their effects (a pod Running, a dependent garbage-collected) poll with a d
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -34,3 +35,23 @@ def wait_until(
             message = f"timed out after {timeout:.0f}s waiting for {what}; last observed: {seen!r}"
             raise WaitTimeout(message[:4000])
         time.sleep(interval)
+
+
+def wait_deleted(
+    kubectl: Callable[..., subprocess.CompletedProcess[str]],
+    kinds: str,
+    name: str,
+    namespace: str,
+    what: str,
+    timeout: float = 30.0,
+) -> None:
+    """Until `kubectl get KINDS NAME -n NAMESPACE` finds none of them (an operator's prune, a garbage
+    collection); `kubectl` is a test's kubectl runner (the `kubectl` fixture or `cluster.kubectl`)."""
+    wait_until(
+        lambda: kubectl(
+            "get", kinds, name, "-n", namespace, "--ignore-not-found", "-o", "name"
+        ).stdout.strip(),
+        lambda left: not left,
+        what,
+        timeout=timeout,
+    )

@@ -111,7 +111,7 @@ def reason_column(cluster: Any, namespace: str, job: str) -> str:
     """The REASON cell of `kubectl get arj` (cells are cut by the header's offsets: empty ones print
     as blanks)."""
     header, row = cluster.kubectl("get", "arj", job, "-n", namespace).stdout.splitlines()[:2]
-    start, end = header.index("REASON"), header.index("AGE")
+    start, end = header.index("REASON"), header.rindex("AGE")  # the last column (AGENTS starts with AGE too)
     return str(row[start:end].strip())
 
 

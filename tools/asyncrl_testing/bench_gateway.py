@@ -267,38 +267,45 @@ async def run_api_side(side: str, port: int, args: argparse.Namespace, requests:
     sessions = await open_sessions(port, args.clients)
     finish: dict[str, int] = {}
 
-    async def one(session: dict[str, Any], prompt: str) -> int:
-        tokens = 0
+    def make(session: dict[str, Any]) -> Any:
         if side == "messages":
             root = session["base_url"].removesuffix("/v1")
-            client: Any = anthropic.AsyncAnthropic(base_url=root, api_key=session["api_key"], max_retries=0,
-                                                   timeout=300)  # fmt: skip
-        else:
-            client = openai.AsyncOpenAI(
-                base_url=session["base_url"], api_key=session["api_key"], max_retries=0, timeout=300
+            return anthropic.AsyncAnthropic(
+                base_url=root, api_key=session["api_key"], max_retries=0, timeout=300
             )
-        try:
-            for _ in range(requests):
-                if side == "messages":
-                    message = await client.messages.create(
-                        model=MODEL_NAME, max_tokens=args.max_tokens, extra_body={"temperature": 1.0},
-                        messages=[{"role": "user", "content": prompt}],
-                    )  # fmt: skip
-                    tokens, reason = tokens + message.usage.output_tokens, str(message.stop_reason)
-                else:
-                    response = await client.responses.create(
-                        model=MODEL_NAME, max_output_tokens=args.max_tokens, temperature=1.0, store=False,
-                        input=[{"role": "user", "content": prompt}],
-                    )  # fmt: skip
-                    tokens, reason = tokens + response.usage.output_tokens, str(response.status)
-                finish[reason] = finish.get(reason, 0) + 1
-        finally:
-            await client.close()
+        return openai.AsyncOpenAI(
+            base_url=session["base_url"], api_key=session["api_key"], max_retries=0, timeout=300
+        )
+
+    clients = [make(s) for s in sessions]  # made before the clock starts, as run_side's
+
+    async def one(client: Any, prompt: str) -> int:
+        tokens = 0
+        for _ in range(requests):
+            if side == "messages":
+                message = await client.messages.create(
+                    model=MODEL_NAME, max_tokens=args.max_tokens, extra_body={"temperature": 1.0},
+                    messages=[{"role": "user", "content": prompt}],
+                )  # fmt: skip
+                tokens, reason = tokens + message.usage.output_tokens, str(message.stop_reason)
+            else:
+                response = await client.responses.create(
+                    model=MODEL_NAME, max_output_tokens=args.max_tokens, temperature=1.0, store=False,
+                    input=[{"role": "user", "content": prompt}],
+                )  # fmt: skip
+                tokens, reason = tokens + response.usage.output_tokens, str(response.status)
+            finish[reason] = finish.get(reason, 0) + 1
         return tokens
 
-    t0 = time.perf_counter()
-    counts = await asyncio.gather(*(one(s, p) for s, p in zip(sessions, prompts(args.clients), strict=True)))
-    secs = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(
+            *(one(c, p) for c, p in zip(clients, prompts(args.clients), strict=True))
+        )
+        secs = time.perf_counter() - t0
+    finally:
+        for c in clients:
+            await c.close()
     await end_sessions(sessions)
     n = args.clients * requests
     return {

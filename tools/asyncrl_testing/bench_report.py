@@ -218,7 +218,7 @@ def _gateway_api_rows(res: dict[str, Any] | None) -> list[list[str]]:
         verdicts.append(f"{label} {verdict}")
         got.append(f"{label} **{res[f'{api}_ratio']}** = median of {len(rs)} rounds "
                    f"({', '.join(map(str, ratios))}; {interval})")  # fmt: skip
-    rates = ", ".join(f"{side} {statistics.median(r[side]['per_s'] for r in rs)}/s" for side in
+    rates = ", ".join(f"{side} {round(statistics.median(r[side]['per_s'] for r in rs), 2)}/s" for side in
                       ("gateway", "messages", "responses"))  # fmt: skip
     measured = (f"{'; '.join(got)}; medians {rates} (gateway = chat); {st['clients']} clients x "
                 f"{st['requests']} requests per round, max_tokens {st['max_tokens']}")  # fmt: skip

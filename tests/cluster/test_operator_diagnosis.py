@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from asyncrl_testing import cluster_wait, jobs, operator_proc
+from asyncrl_testing.cluster import CommandFailed
 from asyncrl_testing.operator_proc import bind_storage, condition, get_json, job_status
 
 pytestmark = pytest.mark.cluster
@@ -249,6 +250,18 @@ def agent_pods(cluster: Any, namespace: str, job: str) -> list[Any]:
     return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
+def report_crash(cluster: Any, namespace: str, container: dict[str, Any]) -> bool:
+    """Write the crash-looping status on the first live agent pod; False when it went away meanwhile."""
+    for pod in agent_pods(cluster, namespace, "gw")[:1]:
+        try:
+            set_pod_status(cluster, namespace, pod["metadata"]["name"], False, container)
+            return True
+        except CommandFailed as exc:
+            if "NotFound" not in exc.completed.stderr:
+                raise
+    return False
+
+
 def deployment_replicas(cluster: Any, namespace: str, name: str) -> int | None:
     done = cluster.kubectl("get", "deployment", name, "-n", namespace, "-o", "json", check=False)
     return int(json.loads(done.stdout)["spec"]["replicas"]) if done.returncode == 0 else None
@@ -314,7 +327,14 @@ def test_agent_workers_run_with_the_job_stop_with_it_and_a_crash_loop_spends_its
     )
     assert line in condition(st, "AgentsReady")["message"] and pod in condition(st, "AgentsReady")["message"]
     assert line in cluster.kubectl("describe", "arj", "gw", "-n", namespace).stdout
-    set_pod_status(cluster, namespace, pod, False, {**container, "restartCount": 4})
+    # more restarts than the budget; the pod patched first may be gone by now (the ReplicaSet settling
+    # after the resume replaces pods), so the report goes to whichever agent pod is live
+    cluster_wait.wait_until(
+        lambda: report_crash(cluster, namespace, {**container, "restartCount": 4}),
+        bool,
+        "a live agent pod to report the crash loop on",
+        timeout=WITHIN,
+    )
     st = wait_status(cluster, namespace, "gw", "Failed on the budget", lambda s: s.get("phase") == "Failed")
     assert st["reason"] == "RestartBudgetExhausted" and line in st["message"]
     cluster_wait.wait_until(

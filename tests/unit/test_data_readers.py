@@ -75,6 +75,24 @@ def test_a_saved_dataset_is_memory_mapped_not_copied(tmp_path: pathlib.Path) -> 
     assert pa.total_allocated_bytes() - before < 4096  # the table's buffers are the mapped file's
 
 
+def test_parquet_is_streamed_by_row_group(tmp_path: pathlib.Path) -> None:
+    """Opening reads the footers only; a row decodes its row group; a few groups stay decoded; a folder of
+    files is one sequence in file order."""
+    rows = [{"prompt": f"q{i}", "reward_model": {"ground_truth": str(i)}} for i in range(35)]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:25]), folder / "a.parquet", row_group_size=10)  # 10, 10, 5
+    pq.write_table(pa.Table.from_pylist(rows[25:]), folder / "b.parquet", row_group_size=10)  # 10
+    records = readers.open_records(folder)
+    assert isinstance(records, readers.ParquetRecords) and len(records) == 35 and not records.decoded
+    assert [records[i] for i in (0, 9, 10, 24, 25, 34, -1)] == [rows[i] for i in (0, 9, 10, 24, 25, 34, -1)]
+    assert len(records.decoded) == readers._ROW_GROUPS_KEPT  # 4 groups touched, the 4 newest kept
+    for i in range(35):
+        assert records[i] == rows[i]
+    assert len(records.decoded) <= readers._ROW_GROUPS_KEPT and list(records) == rows
+    assert list(readers.open_records(folder / "a.parquet")) == rows[:25]
+
+
 def test_jsonl_is_read_a_line_at_a_time(tmp_path: pathlib.Path) -> None:
     records = readers.open_records(_write(tmp_path, "jsonl", GSM8K_ROWS))
     assert isinstance(records, readers.JsonlRecords)

@@ -6,8 +6,9 @@ row, nested ones as dicts and lists), made on access rather than all at once:
 
     a directory with state.json      ``Dataset.save_to_disk``: its Arrow files memory-mapped (zero-copy;
                                      the page cache shares them between replicas on one node)
-    a directory with *.parquet       the files as one table (a Hub dataset's data/ folder)
-    *.parquet, *.pq                  decoded once into Arrow's columnar memory (no Python object per row)
+    a directory with *.parquet       the files as one sequence (a Hub dataset's data/ folder)
+    *.parquet, *.pq                  streamed by row group: only the footer is read at start, a row group
+                                     is decoded when one of its rows is read (the last few are kept)
     *.json starting with ``[``       an array of objects, parsed whole (use JSONL or parquet when large)
     anything else (*.jsonl, *.json)  JSON Lines: the file memory-mapped, a line parsed when it is read
 
@@ -18,6 +19,8 @@ time. A path the readers cannot use raises ``ReadError`` with the reason; the ca
 from __future__ import annotations
 
 import array
+import bisect
+import collections
 import json
 import mmap
 import pathlib
@@ -26,6 +29,8 @@ from typing import Any, overload
 
 _BATCH = 1024
 """Rows converted to Python at a time when a table is iterated (the start-up checks)."""
+_ROW_GROUPS_KEPT = 4
+"""Decoded parquet row groups a reader keeps (the least recently read goes first)."""
 
 
 class ReadError(ValueError):
@@ -92,6 +97,53 @@ class ArrowRecords(Records):
             yield from batch.to_pylist()
 
 
+class ParquetRecords(Records):
+    """Parquet files read by row group: opening one reads its footer (row counts), not its data; a row
+    group is decoded into Arrow when a row of it is first read, and the last ``_ROW_GROUPS_KEPT`` stay
+    decoded, so a replica holds a few row groups, not the file. The rollout reads records in order (and
+    the start-up checks iterate them batch by batch), so a group is decoded about once per pass."""
+
+    def __init__(self, files: list[pathlib.Path], path: str) -> None:
+        self.path = path
+        self.files: list[Any] = []  # pyarrow ParquetFiles, in order
+        self.groups: list[tuple[Any, int]] = []  # (ParquetFile, row group index)
+        self.ends = array.array("q")  # row count up to and including each group
+        total = 0
+        for f in files:
+            handle = _pq().ParquetFile(str(f), memory_map=True)
+            self.files.append(handle)
+            for g in range(handle.metadata.num_row_groups):
+                total += handle.metadata.row_group(g).num_rows
+                self.groups.append((handle, g))
+                self.ends.append(total)
+        self.decoded: collections.OrderedDict[int, Any] = collections.OrderedDict()
+
+    def _group(self, g: int) -> Any:
+        if g in self.decoded:
+            self.decoded.move_to_end(g)
+            return self.decoded[g]
+        handle, index = self.groups[g]
+        table = _arrow_call(pathlib.Path(self.path), lambda: handle.read_row_group(index))
+        self.decoded[g] = table
+        if len(self.decoded) > _ROW_GROUPS_KEPT:
+            self.decoded.popitem(last=False)
+        return table
+
+    def row(self, i: int) -> dict[str, Any]:
+        g = bisect.bisect_right(self.ends, i)
+        start = self.ends[g - 1] if g else 0
+        rows: list[dict[str, Any]] = self._group(g).slice(i - start, 1).to_pylist()
+        return rows[0]
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if self.ends else 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for handle in self.files:
+            for batch in handle.iter_batches(batch_size=_BATCH):
+                yield from batch.to_pylist()
+
+
 class JsonlRecords(Records):
     """JSON Lines, memory-mapped: an index of where each non-blank line starts, a line parsed on access.
     ``where(i)`` is the line number (from 1) an editor shows."""
@@ -139,7 +191,8 @@ def open_records(path: pathlib.Path) -> Records:
     if not path.exists():
         raise ReadError(f"cannot read {str(path)!r} (No such file or directory)")
     if path.suffix in (".parquet", ".pq"):
-        return ArrowRecords(_arrow_call(path, lambda: _pq().read_table(path, memory_map=True)), str(path))
+        records: Records = _arrow_call(path, lambda: ParquetRecords([path], str(path)))
+        return records
     try:
         if path.suffix == ".json" and _first_byte(path) == b"[":
             return _json_array(path)
@@ -158,7 +211,8 @@ def _directory(path: pathlib.Path) -> Records:
     if (path / "state.json").is_file():
         return ArrowRecords(_saved_dataset(path), str(path))
     if parquet := sorted(path.glob("*.parquet")):
-        return ArrowRecords(_arrow_call(path, lambda: _pq().read_table(parquet, memory_map=True)), str(path))
+        records: Records = _arrow_call(path, lambda: ParquetRecords(parquet, str(path)))
+        return records
     raise ReadError(
         f"{str(path)!r} is a directory without state.json (Dataset.save_to_disk) or *.parquet files"
     )

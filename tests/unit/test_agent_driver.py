@@ -89,3 +89,45 @@ def test_local_agent_pods_reach_replica_zeros_gateway_with_the_runs_key_and_hide
     described = json.loads(pods.describe(agents))[0]["env"]
     assert described["TOOL_KEY"] == described["ASYNCRL_GATEWAY_ADMIN_KEY"] == "(secret)"
     assert "tool-secret" not in pods.describe(agents) and "run-key" not in pods.describe(agents)
+
+
+def _driver(tmp_path: pathlib.Path, **kw: Any) -> agentdriver.Driver:
+    args = cli._parser().parse_args(["agent", "--url", "http://127.0.0.1:9", "--admin-key", "k", "--", "x"])
+    args.workdir = str(tmp_path)
+    for key, value in kw.items():
+        setattr(args, key, value)
+    return agentdriver.Driver(args, {"PATH": "/bin:/usr/bin"})
+
+
+def test_a_gateway_that_answers_a_byte_at_a_time_cannot_hold_a_request(
+    tmp_path: pathlib.Path, monkeypatch: Any
+) -> None:
+    """Each request has a total deadline (urllib's timeout is per read, which a dripping server never
+    trips); past --connect-wait the driver gives up with the URL named."""
+    import asyncio
+    import time
+
+    from asyncrl_testing import fault_server
+
+    monkeypatch.setattr(agentdriver, "REQUEST_TIMEOUT_S", 1.0)
+    with fault_server.serve(fault_server.DRIP) as faults:
+        driver = _driver(tmp_path, connect_wait=1.5)
+        started = time.monotonic()
+        try:
+            asyncio.run(driver.call(f"{faults.base_url}/rl/groups", "k", {}))
+        except agentdriver.GatewayError as exc:
+            assert "/rl/groups" in str(exc)
+        else:
+            raise AssertionError("a dripping gateway answered")
+        assert time.monotonic() - started < 10 and len(faults.arrivals) >= 1
+
+
+def test_a_command_that_never_reads_its_prompt_is_still_killed_at_the_timeout(tmp_path: pathlib.Path) -> None:
+    """The prompt (here 1 MB, far over a pipe's buffer) is written beside the wait, not before it."""
+    import asyncio
+    import time
+
+    driver = _driver(tmp_path, session_command=["sleep", "600"], timeout=1.0)
+    started = time.monotonic()
+    finished = asyncio.run(driver.run_command(SESSION, "x" * 1_000_000, tmp_path))
+    assert finished is False and time.monotonic() - started < agentdriver.KILL_GRACE_S + 5

@@ -43,6 +43,8 @@ from typing import Any
 
 PROMPT = "{prompt}"
 KILL_GRACE_S = 5.0
+REQUEST_TIMEOUT_S = 30.0
+"""A whole gateway request (send, answer read to its end), however slowly the gateway answers."""
 RETRY_S = 1.0
 
 
@@ -54,17 +56,22 @@ class Stopped(Exception):
     """A signal arrived while a request waited to be retried."""
 
 
-def post(url: str, key: str, body: Mapping[str, Any] | None, timeout: float = 30.0) -> tuple[int, Any, float]:
-    """(status, JSON body or None, Retry-After seconds) of one POST; transport errors raise OSError."""
+def post(
+    url: str, key: str, body: Mapping[str, Any] | None, timeout: float = REQUEST_TIMEOUT_S
+) -> tuple[int, Any, float]:
+    """(status, JSON body or None, Retry-After seconds) of one POST; transport errors raise OSError, and
+    an answer still arriving ``timeout`` seconds after the request was sent raises TimeoutError (urllib's
+    own timeout bounds each socket read only, which a server sending a byte now and then never trips)."""
+    deadline = time.monotonic() + timeout
     data = json.dumps(body or {}).encode()
     request = urllib.request.Request(url, data=data, method="POST")
     request.add_header("Authorization", f"Bearer {key}")
     request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"null"), 0.0
+            return response.status, json.loads(_read_by(response, deadline) or b"null"), 0.0
     except urllib.error.HTTPError as exc:
-        text = exc.read()
+        text = _read_by(exc, deadline)
         try:
             payload = json.loads(text)
         except ValueError:
@@ -74,6 +81,21 @@ def post(url: str, key: str, body: Mapping[str, Any] | None, timeout: float = 30
         except ValueError:
             wait = RETRY_S
         return exc.code, payload, wait
+
+
+def _read_by(response: Any, deadline: float) -> bytes:
+    """The whole body, read in pieces, each socket wait cut to what is left until ``deadline``."""
+    chunks: list[bytes] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer did not arrive in time")
+        with contextlib.suppress(AttributeError):  # the socket under http.client's response
+            response.fp.raw._sock.settimeout(left)
+        chunk = response.read1(65536) if hasattr(response, "read1") else response.read()
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def prompt_of(group: Mapping[str, Any]) -> str:
@@ -140,8 +162,8 @@ class Driver:
         deadline = time.monotonic() + self.args.connect_wait
         while True:
             try:
-                status, payload, wait = await asyncio.to_thread(post, url, key, body)
-            except OSError as exc:
+                status, payload, wait = await asyncio.to_thread(post, url, key, body, REQUEST_TIMEOUT_S)
+            except (OSError, TimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise GatewayError(f"{url}: {exc}") from None
                 wait = RETRY_S
@@ -248,17 +270,16 @@ class Driver:
             )
             self.processes.add(proc)
             try:
-                if on_stdin and proc.stdin is not None:
-                    with contextlib.suppress(OSError):
-                        proc.stdin.write(prompt.encode())
-                        await proc.stdin.drain()
-                        proc.stdin.close()
+                # the prompt goes in beside the wait: a command that never reads stdin cannot hold it up
+                feed = asyncio.create_task(write_stdin(proc, prompt)) if on_stdin else None
                 stop = asyncio.create_task(self.stopping.wait())
                 done, _ = await asyncio.wait(
                     [asyncio.create_task(proc.wait()), stop], timeout=self.args.timeout,
                     return_when=asyncio.FIRST_COMPLETED,
                 )  # fmt: skip
                 stop.cancel()
+                if feed is not None:
+                    feed.cancel()
                 if proc.returncode is not None:
                     code = proc.returncode
                     tail = (scratch / "output.log").read_text(errors="replace").strip().splitlines()[-1:]
@@ -270,6 +291,15 @@ class Driver:
                 return False
             finally:
                 self.processes.discard(proc)
+
+
+async def write_stdin(proc: asyncio.subprocess.Process, prompt: str) -> None:
+    if proc.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        proc.stdin.write(prompt.encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
 
 
 async def kill(proc: asyncio.subprocess.Process) -> None:

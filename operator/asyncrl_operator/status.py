@@ -82,7 +82,8 @@ def agents_condition(
 ) -> api_status.Condition | None:
     """AgentsReady (only with workers): a problem of an agent pod (its reason and line), waiting for the
     gateway, not all ready, or all ready / none wanted."""
-    if st.agents is None:
+    found_spec = agents.spec(job)
+    if st.agents is None or found_spec is None:
         return None
     if pods.stopped(job):
         return _cond("AgentsReady", True, "ScaledToZero", f"the job is {st.phase}: no agent runs")
@@ -92,7 +93,7 @@ def agents_condition(
         return _cond("AgentsReady", False, problem.reason, problem.message)
     if st.rollout.ready_replicas < 1:
         return _cond("AgentsReady", False, "WaitingForGateway", "agents start once a rollout replica serves")
-    if st.agents.ready_replicas >= int(st.agents.ready.split("/")[1]):
+    if st.agents.ready_replicas >= found_spec[1].replicas:
         return _cond("AgentsReady", True, "AllReady", f"{st.agents.ready} ready")
     return _cond("AgentsReady", False, "NotReady", f"{st.agents.ready} ready")
 

@@ -13,6 +13,8 @@ from asyncrl_testing import jobs
 from asyncrl_workloads import agentdriver, cli
 from asyncrl_workloads.local import gateway, pods
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
 SESSION = {"session_id": "s1", "api_key": "sk-sess-1", "base_url": "http://10.0.0.1:8100/sessions/s1/v1"}
 
 
@@ -60,7 +62,10 @@ def test_the_command_line_is_checked_before_anything_runs(capsys: Any, monkeypat
     )
 
 
-def test_local_agent_pods_reach_replica_zeros_gateway_with_the_runs_key_and_hide_secrets() -> None:
+def test_local_agent_pods_reach_replica_zeros_gateway_with_the_runs_key_and_hide_secrets(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.chdir(REPO)  # relative paths in a worker's command are the current directory's
     body = jobs.load_example("gateway-cpu.yaml")
     body["spec"]["agent"]["workers"] = {
         "command": ["python3", "examples/agents/lookup_agent.py"],
@@ -86,9 +91,32 @@ def test_local_agent_pods_reach_replica_zeros_gateway_with_the_runs_key_and_hide
     assert agents[0].argv[1:] == ("examples/agents/lookup_agent.py",) and agents[0].argv[0].endswith(
         "python3"
     )
+    # in the worker's image (--containers) the script is the checkout's, its folder mounted read-only
+    # (the tests run from the repository root, as `asyncrl run` does)
+    script = REPO / "examples" / "agents" / "lookup_agent.py"
+    assert agents[0].container is not None
+    assert agents[0].container.argv == ("python3", str(script))
+    assert agents[0].container.host_paths == (str(script.parent),)
     described = json.loads(pods.describe(agents))[0]["env"]
     assert described["TOOL_KEY"] == described["ASYNCRL_GATEWAY_ADMIN_KEY"] == "(secret)"
     assert "tool-secret" not in pods.describe(agents) and "run-key" not in pods.describe(agents)
+
+
+def test_only_the_paths_a_workers_command_names_go_into_its_container(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "agents" / "lib").mkdir(parents=True)
+    (tmp_path / "agents" / "run.py").write_text("")
+    (tmp_path / "tasks.jsonl").write_text("")
+    argv = ["python3", "agents/run.py", "--data", "tasks.jsonl"]
+    argv += ["--lib", "agents/lib", "--x=agents", "nope.py"]
+    got, mounts = pods.host_arguments(argv, tmp_path)
+    assert got == [
+        "python3", str(tmp_path / "agents/run.py"), "--data", str(tmp_path / "tasks.jsonl"),
+        "--lib", str(tmp_path / "agents/lib"), "--x=agents", "nope.py",
+    ]  # fmt: skip
+    # a file's folder (its sibling modules import), a folder itself, none inside another
+    assert mounts == (str(tmp_path),)
+    assert pods.host_arguments(["python3", "agents/run.py"], tmp_path)[1] == (str(tmp_path / "agents"),)
+    assert pods.host_arguments(["claude", "-p", "{prompt}"], tmp_path) == (["claude", "-p", "{prompt}"], ())
 
 
 def _driver(tmp_path: pathlib.Path, **kw: Any) -> agentdriver.Driver:

@@ -87,6 +87,7 @@ def test_podman_run_argv_is_the_pods_image_command_env_user_and_mounts():
             groups=(10001,),
             read_only_root=True,
             empty_dirs=("/tmp", "/dev/shm"),
+            host_paths=("/src/examples/agents",),
         ),
     )
     mounts = [containers.Mount("/runs/x", False), containers.Mount("/models/tiny", True)]
@@ -98,6 +99,7 @@ def test_podman_run_argv_is_the_pods_image_command_env_user_and_mounts():
         "--user", "10001:10001", "--group-add", "10001", "--read-only",
         "--tmpfs", "/tmp:rw,exec,U", "--shm-size", "1g",
         "--volume", "/runs/x:/runs/x:rw", "--volume", "/models/tiny:/models/tiny:ro",
+        "--volume", "/src/examples/agents:/src/examples/agents:ro",
         "--env", "ASYNCRL_ROLE", "--env", "ASYNCRL_GATEWAY_ADMIN_KEY",  # names only: values stay out of ps
         "--cpuset-cpus", "1",
         "--entrypoint", "asyncrl-rollout", "ghcr.io/asyncrl/rollout:0.1.0", "--config", "/runs/x/job.json",

@@ -13,11 +13,13 @@ What the engine runs is the rendered container (`pods.PodContainer`), as the kub
   as in an emptyDir directory (triton and torch load the code they compile there): `tmpfs_options`;
 - `--network host`: the trainer's rendezvous, NATS and the metrics ports stay on 127.0.0.1 as in a local run;
 - the host paths the job names, bind-mounted at the same paths (`Mount`): the run dir and the checkpoint
-  path read-write, the model, prompt files and NATS creds read-only. The image's user (uid 10001) is not
-  the user who runs `asyncrl run`, so the runner makes the two writable directories writable by every
-  user (`open_for_pods`) rather than chown them with podman's `:U`: `:U` would hand the run dir to the
-  container's uid, after which the runner itself (a non-root user with rootless podman) could no longer
-  write its logs and metrics there, and docker has no `:U`;
+  path read-write, the model, prompt files and NATS creds read-only; for an agent worker, the directories
+  of the repository paths its command names (`pods.host_arguments`: `python3 examples/agents/x.py` runs
+  the checkout's script in the worker's image, as it runs the local file without --containers). The
+  image's user (uid 10001) is not the user who runs `asyncrl run`, so the runner makes the two writable
+  directories writable by every user (`open_for_pods`) rather than chown them with podman's `:U`: `:U`
+  would hand the run dir to the container's uid, after which the runner itself (a non-root user with
+  rootless podman) could no longer write its logs and metrics there, and docker has no `:U`;
 - a CPU rollout's own core as `--cpuset-cpus`.
 
 Stopping: the runner's SIGTERM goes to `podman run`, whose signal proxy (on by default for an attached
@@ -111,6 +113,8 @@ def run_argv(
             argv += ["--tmpfs", f"{path}:{tmpfs_options(engine)}"]
     for mount in mounts:
         argv += ["--volume", mount.option()]
+    for path in spec.host_paths:
+        argv += ["--volume", Mount(path, read_only=True).option()]
     for name in env_names:
         argv += ["--env", name]
     if pod.cpus:

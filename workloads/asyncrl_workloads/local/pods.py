@@ -66,6 +66,7 @@ class PodContainer:
     groups: tuple[int, ...] = ()  # the pod's fsGroup and supplementalGroups
     read_only_root: bool = False  # readOnlyRootFilesystem
     empty_dirs: tuple[str, ...] = ()  # mountPaths of the container's emptyDir volumes
+    host_paths: tuple[str, ...] = ()  # bind-mounted read-only at the same paths (`host_arguments`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +214,27 @@ def pod_container(pod_spec: Mapping[str, Any], container: Mapping[str, Any], arg
     )
 
 
+def host_arguments(argv: list[str], cwd: pathlib.Path) -> tuple[list[str], tuple[str, ...]]:
+    """An agent worker's command for its image under --containers: each argument that names an existing
+    file or directory relative to `cwd` (`python3 examples/agents/lookup_agent.py`, as `asyncrl run` reads
+    it) made absolute, and the directories to bind-mount read-only at the same paths for them (a file's
+    own directory, so the modules beside a script import; a directory itself; none inside another).
+    Nothing else of `cwd` goes into the container."""
+    out, wanted = [], []
+    for arg in argv:
+        path = cwd / arg
+        if arg and not arg.startswith(("-", "/")) and "=" not in arg and path.exists():
+            path = path.resolve()
+            wanted.append(path if path.is_dir() else path.parent)
+            arg = str(path)
+        out.append(arg)
+    mounts: list[pathlib.Path] = []
+    for path in sorted(set(wanted), key=lambda p: len(p.parts)):
+        if not any(path.is_relative_to(m) for m in mounts):
+            mounts.append(path)
+    return out, tuple(str(m) for m in mounts)
+
+
 def resolve_executable(name: str) -> str:
     """A console script from this interpreter's environment, else from PATH, else unchanged."""
     if "/" in name:
@@ -298,7 +320,8 @@ def expand_agents(
         argv = [expand_vars(arg, env) for arg in container.get("command", []) + container.get("args", [])]
         if not argv:
             raise RenderedJobError("spec.agent.workers: a local run needs command or sessionCommand")
-        in_image = pod_container(template["spec"], container, argv)
+        in_argv, paths = host_arguments(argv, pathlib.Path.cwd())
+        in_image = dataclasses.replace(pod_container(template["spec"], container, in_argv), host_paths=paths)
         argv[0] = resolve_executable(argv[0])
         hidden = frozenset(
             e["name"] for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})

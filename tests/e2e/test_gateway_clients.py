@@ -6,7 +6,8 @@ the module. Unmodified clients, each pointed at a session of its own with the li
   model (``/v1/responses``) and on its chat-completions model (``/v1/chat/completions``);
 - LangGraph: ``create_react_agent`` over langchain-openai's ``ChatOpenAI`` with the same two tools;
 - Claude Code headless (``claude -p``, the Messages API), skipped with the reason where it is not
-  installed (tools/setup.sh installs it with npm).
+  installed (tools/setup.sh installs it with npm), and once more in its agent worker image
+  (images/agent-claude-code) under the builtin driver, as examples/claude-code.yaml's workers run it.
 
 The tiny model calls no tool by itself: the rollout's engine runs the logits processor
 ``asyncrl_testing.tool_bias:ScriptedToolCall`` and each task carries the tool call to make, so the
@@ -39,9 +40,9 @@ from typing import Any
 
 import pytest
 import yaml
-from asyncrl_testing import jobs, learning, tool_bias
+from asyncrl_testing import images, jobs, learning, tool_bias
 from asyncrl_workloads import tinymodel
-from asyncrl_workloads.local import process
+from asyncrl_workloads.local import containers, pods, process
 
 pytestmark = pytest.mark.e2e
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -50,6 +51,7 @@ CONTEXT = 16384  # tokens = characters: Claude Code's system prompt, reminders a
 SESSIONS: list[str] = []  # the sessions the clients ended, for the last test
 CACHE = pathlib.Path(os.environ.get("ASYNCRL_CACHE", pathlib.Path.home() / ".cache" / "asyncrl"))
 CLAUDE = CACHE / "claude-code" / "node_modules" / ".bin" / "claude"
+AGENT_IMAGE = "agent-claude-code"
 
 
 def _write_job(tmp: pathlib.Path) -> pathlib.Path:
@@ -281,6 +283,40 @@ def test_claude_code_runs_once_per_session_under_asyncrl_agent(run: dict[str, An
     )
     assert ": exit 0:" in lines[0], lines
     SESSIONS.append("asyncrl agent -- claude")
+
+
+def test_claude_code_runs_a_session_in_its_agent_image(run: dict[str, Any]) -> None:
+    """examples/claude-code.yaml's worker as its image runs it (images/agent-claude-code, built by
+    tools/build-images): the driver and Claude Code inside the hardened container (read-only root, uid
+    10001, tmpfs at /tmp and HOME), started as `asyncrl run --containers` starts a pod
+    (`containers.run_argv`: env by name only, so the admin key is in no command line), host network to
+    the run's gateway; one session of the job's data, ended and scored."""
+    try:
+        engine = images.find_runner()
+    except images.NoEngine as exc:
+        pytest.skip(f"no container engine: {exc}")
+    image = images.names()[AGENT_IMAGE]
+    if not engine.image_exists(image):
+        pytest.skip(f"image {image} is not built (tools/build-images builds it)")
+    argv = ("asyncrl", "agent", "--n", "1", "--groups", "1", "--timeout", "500",
+            "--", "claude", "-p", "{prompt}", "--model", "tiny")  # fmt: skip
+    user, home = images.USERS[AGENT_IMAGE]
+    pod = pods.LocalPod(
+        name="gw-agent-0", role=pods.AGENT_ROLE, replica=0, argv=argv, env=run["env"], metrics_port=0,
+        container=pods.PodContainer(image, argv, user, read_only_root=True, empty_dirs=("/tmp", home)),
+    )  # fmt: skip
+    command = containers.run_argv(engine.path, "gwclients", pod, run["env"], ())
+    assert run["env"]["ASYNCRL_GATEWAY_ADMIN_KEY"] not in " ".join(command)
+    done = subprocess.run(
+        command, env={**engine.environ(), **run["env"]}, capture_output=True, text=True, timeout=600
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[-1] == "asyncrl agent: 1 groups, 1 sessions ended, 0 aborted", (
+        done.stdout[-3000:],
+        done.stderr[-3000:],
+    )
+    assert ": exit 0:" in lines[0], lines
+    SESSIONS.append("agent image: asyncrl agent -- claude")
 
 
 def test_every_session_reached_the_trainer(run: dict[str, Any]) -> None:

@@ -145,7 +145,13 @@ def test_chart_runs_the_operator_console_script() -> None:
     assert entrypoint("operator") == ["asyncrl-operator"]
 
 
-IMAGE_USER = {"operator": ("65532:65532", "/tmp"), "rollout": WORKLOAD_USER, "trainer": WORKLOAD_USER}
+IMAGE_USER = {
+    "operator": ("65532:65532", "/tmp"),
+    "rollout": WORKLOAD_USER,
+    "trainer": WORKLOAD_USER,
+    "agent-claude-code": WORKLOAD_USER,  # render/agents.py runs agent pods as the workloads' user
+}
+IMAGE_NAMES = list(IMAGE_USER)
 
 
 def env_of(text: str) -> dict[str, str]:
@@ -160,7 +166,7 @@ def stages(text: str) -> list[str]:
     return re.split(r"\n(?=FROM )", text)[1:]
 
 
-@pytest.mark.parametrize("name", ["operator", "rollout", "trainer"])
+@pytest.mark.parametrize("name", IMAGE_NAMES)
 def test_dockerfile_runs_as_the_agreed_non_root_user(name: str) -> None:
     # the uid/gid and HOME render()'s hardened pods and the chart assume (runAsUser, the HOME emptyDir)
     text = dockerfile(name)
@@ -174,10 +180,10 @@ def test_dockerfile_runs_as_the_agreed_non_root_user(name: str) -> None:
         assert f"groupadd --gid {gid} asyncrl" in text
 
 
-@pytest.mark.parametrize("name", ["operator", "rollout", "trainer"])
+@pytest.mark.parametrize("name", IMAGE_NAMES)
 def test_dockerfile_builds_this_repo_as_a_wheel_and_installs_only_the_wheel(name: str) -> None:
     # multi-stage: the wheel is built in the first stage; the image installs it (no /src, no build tools)
-    build, final = stages(dockerfile(name))
+    build, final = stages(dockerfile(name))[-2:]  # an agent image's CLI stage comes first
     assert re.match(r"FROM \$\{BASE\} AS build\n", build) and re.match(r"FROM \$\{BASE\}\n", final)
     assert any("pip wheel" in r and r.endswith(" .") for r in instruction(build, "RUN"))
     assert any("pyproject.toml" in c for c in instruction(build, "COPY"))
@@ -196,7 +202,7 @@ def test_dockerfile_builds_this_repo_as_a_wheel_and_installs_only_the_wheel(name
     assert {"*", "!pyproject.toml", "!images/requirements.py", "!operator/", "!workloads/"} <= set(ignore)
 
 
-@pytest.mark.parametrize("name", ["operator", "rollout", "trainer"])
+@pytest.mark.parametrize("name", IMAGE_NAMES)
 def test_dockerfile_labels_are_oci_annotations_of_this_version(name: str) -> None:
     text = dockerfile(name)
     labels = dict(
@@ -208,6 +214,19 @@ def test_dockerfile_labels_are_oci_annotations_of_this_version(name: str) -> Non
     }
     assert labels["org.opencontainers.image.licenses"] == PROJECT["license"]["text"]
     assert re.search(rf"^ARG VERSION={re.escape(PROJECT['version'])}$", text, re.MULTILINE)
+
+
+def test_the_agent_image_has_the_claude_code_the_tests_drive() -> None:
+    """images/agent-claude-code installs the Claude Code version tools/setup.sh installs for the gateway
+    e2e (one version proven), runs it through the builtin driver by default, and carries no Node."""
+    text = dockerfile("agent-claude-code")
+    (setup,) = re.findall(r"^CLAUDE_CODE_VERSION=(\S+)$", (REPO / "tools" / "setup.sh").read_text(), re.M)
+    assert set(re.findall(r"^ARG CLAUDE_CODE_VERSION=(\S+)$", text, re.M)) == {setup}
+    final = stages(text)[-1]
+    assert instruction(final, "ENTRYPOINT") == ['["asyncrl"]']
+    assert instruction(final, "CMD") == ['["agent", "--", "claude", "-p", "{prompt}"]']
+    assert "nodejs" not in " ".join(instruction(final, "RUN")), "Node belongs in the claude stage only"
+    assert base_image("agent-claude-code") == base_image("operator")
 
 
 def base_image(name: str) -> str:

@@ -5,7 +5,8 @@ env` prints it for the shell); the image smoke tests run them with `run_command`
 
 - Names are the defaults users get, read where they are defined: the rollout and trainer images from
   the API (asyncrl_api.roles), the operator's from the chart (values.yaml image.registry/repository, the
-  tag falling back to Chart.yaml's appVersion as the Deployment template does).
+  tag falling back to Chart.yaml's appVersion as the Deployment template does); the Claude Code agent
+  worker's (images/agent-claude-code, examples/claude-code.yaml) with the operator's tag.
 - Engines, in order of preference: docker (only if its daemon answers), podman, buildah (builds only:
   it cannot run an image the way the tests do). ASYNCRL_ENGINE picks one.
 - podman and buildah read our own files, never the system's: CONTAINERS_CONF is
@@ -40,10 +41,13 @@ RUNNERS = ("docker", "podman")
 WORKLOAD_USER = "10001:10001"
 """uid:gid of the rollout and trainer images' `asyncrl` user, whose HOME is WORKLOAD_HOME."""
 WORKLOAD_HOME = "/home/asyncrl"
+AGENT_REPOSITORY = "ghcr.io/asyncrl/agent"
+"""The agent worker images' (images/agent-<cli>): ghcr.io/asyncrl/agent-claude-code, tagged as the chart's."""
 USERS = {
     "operator": ("65532:65532", "/tmp"),
     "rollout": (WORKLOAD_USER, WORKLOAD_HOME),
     "trainer": (WORKLOAD_USER, WORKLOAD_HOME),
+    "agent-claude-code": (WORKLOAD_USER, WORKLOAD_HOME),
 }
 """role -> (uid:gid, HOME) its image runs as: the workload images' `asyncrl` user, 65532 for the operator."""
 SHM_SIZE = "1g"
@@ -66,6 +70,7 @@ def names() -> dict[str, str]:
         "operator": f"{values['registry']}/{values['repository']}:{tag}",
         "rollout": roles.DEFAULT_ROLLOUT_IMAGE,
         "trainer": roles.DEFAULT_TRAINER_IMAGE,
+        "agent-claude-code": f"{AGENT_REPOSITORY}-claude-code:{tag}",
     }
 
 
@@ -243,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"ENGINE={engine.name}", f"ENGINE_PATH={shlex.quote(engine.path)}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in engine_env(engine.name).items()]
     lines += [f"VERSION={shlex.quote(version())}", f"STORAGE={shlex.quote(str(storage_dir()))}"]
-    lines += [f"IMAGE_{role}={shlex.quote(image)}" for role, image in names().items()]
+    lines += [f"IMAGE_{role.replace('-', '_')}={shlex.quote(image)}" for role, image in names().items()]
     print("\n".join(lines))
     return 0
 

@@ -9,7 +9,7 @@
 #   2. Debian packages the tests use (prometheus, for the real Prometheus + promtool);
 #   3. the control-plane binaries (etcd, kube-*, kubectl, kwok, helm) and the gang-scheduling parts (Kueue's
 #      manager, the PodGroup CRDs) built from Go modules on a cache miss;
-#   4. the operator, rollout and trainer images (tools/build-images: buildah/podman/runc/mmdebstrap from
+#   4. the operator, rollout, trainer and Claude Code agent images (tools/build-images: buildah/podman/runc/mmdebstrap from
 #      Debian, storage and layer cache in ~/.cache/asyncrl/containers). Where no engine can be installed,
 #      setup says why and goes on (the image smoke tests skip with that reason); a failing build fails setup.
 #   tools/setup.sh --print-pip-command   prints the pip command part 1 would run, and exits (unit-tested).

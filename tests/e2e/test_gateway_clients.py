@@ -257,6 +257,16 @@ def test_the_example_agents_run_a_group_of_the_jobs_data(run: dict[str, Any], ex
     SESSIONS.append(example)
 
 
+def assert_one_session_ended(done: subprocess.CompletedProcess[str]) -> None:
+    """`asyncrl agent --n 1 --groups 1` ran its command once, which exited 0, and ended the session."""
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[-1] == "asyncrl agent: 1 groups, 1 sessions ended, 0 aborted", (
+        done.stdout[-3000:],
+        done.stderr[-3000:],
+    )
+    assert ": exit 0:" in lines[0], lines
+
+
 def test_claude_code_runs_once_per_session_under_asyncrl_agent(run: dict[str, Any]) -> None:
     """The builtin driver as examples/claude-code.yaml's workers run it (`asyncrl agent -- claude -p
     {prompt}`), here by hand against the run's gateway: a group of the job's data, one session, Claude
@@ -276,12 +286,7 @@ def test_claude_code_runs_once_per_session_under_asyncrl_agent(run: dict[str, An
          "--", str(CLAUDE), "-p", "{prompt}", "--model", "tiny"],
         cwd=run["tmp"], env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    lines = done.stdout.splitlines()
-    assert done.returncode == 0 and lines[-1] == "asyncrl agent: 1 groups, 1 sessions ended, 0 aborted", (
-        done.stdout[-3000:],
-        done.stderr[-3000:],
-    )
-    assert ": exit 0:" in lines[0], lines
+    assert_one_session_ended(done)
     SESSIONS.append("asyncrl agent -- claude")
 
 
@@ -310,12 +315,7 @@ def test_claude_code_runs_a_session_in_its_agent_image(run: dict[str, Any]) -> N
     done = subprocess.run(
         command, env={**engine.environ(), **run["env"]}, capture_output=True, text=True, timeout=600
     )
-    lines = done.stdout.splitlines()
-    assert done.returncode == 0 and lines[-1] == "asyncrl agent: 1 groups, 1 sessions ended, 0 aborted", (
-        done.stdout[-3000:],
-        done.stderr[-3000:],
-    )
-    assert ": exit 0:" in lines[0], lines
+    assert_one_session_ended(done)
     SESSIONS.append("agent image: asyncrl agent -- claude")
 
 

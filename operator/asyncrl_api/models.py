@@ -14,6 +14,7 @@ from typing import Any, Literal
 import pydantic
 
 from asyncrl_api import base, infra, roles, status, task
+from asyncrl_api import tracking as tracking_mod
 
 GROUP = "asyncrl.dev"
 VERSION = "v1alpha1"
@@ -233,6 +234,8 @@ class AsyncRLJobSpec(base.APIModel):
     of rollout and trainer processes: no image to build."""
     progress: infra.ProgressSpec = pydantic.Field(default_factory=infra.ProgressSpec)
     """Progress reporting and stall detection."""
+    tracking: tracking_mod.TrackingSpec | None = None
+    """Experiment tracking (MLflow, Weights & Biases, TensorBoard) from trainer rank 0."""
     failure_policy: infra.FailurePolicySpec = pydantic.Field(default_factory=infra.FailurePolicySpec)
     """Restart budget."""
 

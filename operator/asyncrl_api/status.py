@@ -37,6 +37,7 @@ ConditionType = Literal[
     "Degraded",
     "EndpointsReady",
     "AgentsReady",
+    "TrackingReady",
     "InvalidSpec",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = typing.get_args(ConditionType)
@@ -101,6 +102,21 @@ class ValidationProgress(base.APIModel):
     """RFC 3339 time the run finished."""
 
 
+class TrackerProgress(base.APIModel):
+    """One experiment tracker of spec.tracking, as trainer rank 0 last saw it."""
+
+    backend: Literal["mlflow", "wandb", "tensorboard"]
+    """Which tracker."""
+    ready: bool = False
+    """Its last call succeeded."""
+    reason: str = pydantic.Field(default="", max_length=64)
+    """Logging, Starting, or why its last call failed: Unauthorized, Unreachable, Error."""
+    message: str = pydantic.Field(default="", max_length=1024)
+    """The last failure (never a key)."""
+    url: str | None = pydantic.Field(default=None, max_length=2048)
+    """The run's page, when the tracker has one."""
+
+
 class Progress(base.APIModel):
     """Training progress, reported by trainer rank 0 (throttled, see spec.progress)."""
 
@@ -124,6 +140,8 @@ class Progress(base.APIModel):
     """RFC 3339 time of this report."""
     validation: ValidationProgress | None = None
     """The latest validation run (highest step), when spec.data.validation is set."""
+    tracking: list[TrackerProgress] | None = pydantic.Field(default=None, max_length=3)
+    """The experiment trackers (spec.tracking): drives the TrackingReady condition."""
 
 
 class Restarts(base.APIModel):

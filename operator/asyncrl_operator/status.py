@@ -98,6 +98,27 @@ def agents_condition(
     return _cond("AgentsReady", False, "NotReady", f"{st.agents.ready} ready")
 
 
+def tracking_condition(
+    job: models.AsyncRLJob, st: api_status.AsyncRLJobStatus
+) -> api_status.Condition | None:
+    """TrackingReady (only with spec.tracking), from the trainer's report of its trackers: False with the
+    first failing tracker's class (Unauthorized, Unreachable, Error) while one fails. Training goes on
+    either way: the trainer retries a tracker, never stops for it."""
+    if job.spec.tracking is None:
+        return None
+    reported = st.progress.tracking if st.progress is not None else None
+    if not reported:
+        return _cond("TrackingReady", False, "Starting", "no tracker has reported yet")
+    failing = [t for t in reported if not t.ready]
+    if failing:
+        t = failing[0]
+        return _cond(
+            "TrackingReady", False, t.reason or "Starting", t.message or f"{t.backend}: not logging yet"
+        )
+    urls = " ".join(t.url for t in reported if t.url)
+    return _cond("TrackingReady", True, "Logging", urls)
+
+
 def parse_time(value: str | None) -> datetime.datetime | None:
     if not value:
         return None
@@ -246,6 +267,9 @@ def compute_status(job: models.AsyncRLJob, obs: Observed) -> api_status.AsyncRLJ
     agents_ready = agents_condition(job, st, found)
     if agents_ready is not None:
         conditions.insert(-1, agents_ready)  # before InvalidSpec, as CONDITION_TYPES orders them
+    tracking_ready = tracking_condition(job, st)
+    if tracking_ready is not None:
+        conditions.insert(-1, tracking_ready)
     st.conditions = _keep_transition_times(conditions, job.status.conditions, now, job.metadata.generation)
     st.phase = phase
     st.reason, st.message = failures.pressing(job, obs.invalid, phase, conditions, found, list(obs.pods))

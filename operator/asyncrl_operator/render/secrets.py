@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from asyncrl_api import config, models, task
+from asyncrl_api import config, models, task, tracking
 
-Usage = Literal["judge", "teacher", "gateway", "nats"]
+Usage = Literal["judge", "teacher", "gateway", "nats", "tracking"]
 NATS_CREDS_VOLUME = "nats-creds"
 
 
@@ -89,11 +89,34 @@ def rollout_env(job: models.AsyncRLJob) -> list[dict[str, Any]]:
     return ([] if ref is None else [secret_env(config.JUDGE_API_KEY_ENV, ref)]) + nats_env(job)
 
 
+def tracking_refs(job: models.AsyncRLJob) -> list[tuple[str, task.SecretKeyRef, str]]:
+    """spec.tracking's credentials: (the tracking library's own env var, the Secret key, the spec field)."""
+    spec = job.spec.tracking
+    out: list[tuple[str, task.SecretKeyRef, str]] = []
+    if spec is None:
+        return out
+    if spec.mlflow is not None:
+        for env, ref, name in (
+            (tracking.MLFLOW_TOKEN_ENV, spec.mlflow.token_secret, "tokenSecret"),
+            (tracking.MLFLOW_USERNAME_ENV, spec.mlflow.username_secret, "usernameSecret"),
+            (tracking.MLFLOW_PASSWORD_ENV, spec.mlflow.password_secret, "passwordSecret"),
+        ):
+            if ref is not None:
+                out.append((env, ref, f"spec.tracking.mlflow.{name}"))
+    if spec.wandb is not None and spec.wandb.api_key_secret is not None:
+        out.append(
+            (tracking.WANDB_API_KEY_ENV, spec.wandb.api_key_secret, "spec.tracking.wandb.apiKeySecret")
+        )
+    return out
+
+
 def trainer_env(job: models.AsyncRLJob) -> list[dict[str, Any]]:
-    """The teacher's API key on the trainer pods (rank 0 asks the teacher), when it has one; the NATS creds
-    path."""
+    """The teacher's API key on the trainer pods (rank 0 asks the teacher), when it has one; the trackers'
+    credentials; the NATS creds path."""
     ref = teacher_ref(job)
-    return ([] if ref is None else [secret_env(config.TEACHER_API_KEY_ENV, ref)]) + nats_env(job)
+    out = [] if ref is None else [secret_env(config.TEACHER_API_KEY_ENV, ref)]
+    out += [secret_env(env, key) for env, key, _ in tracking_refs(job)]
+    return out + nats_env(job)
 
 
 def refs(job: models.AsyncRLJob) -> list[SecretUse]:
@@ -111,4 +134,5 @@ def refs(job: models.AsyncRLJob) -> list[SecretUse]:
     nats = nats_ref(job)
     if nats is not None:
         out.append(SecretUse("nats", nats, "spec.bus.nats.credentialsSecret"))
+    out += [SecretUse("tracking", ref, field) for _, ref, field in tracking_refs(job)]
     return out

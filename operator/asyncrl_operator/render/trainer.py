@@ -47,6 +47,8 @@ def trainer_env(job: models.AsyncRLJob) -> list[dict[str, Any]]:
         # megatron-core's tensor-parallel overlap assumes one CUDA work queue (it warns at start-up,
         # and orders communication before compute by it); harmless on CPU
         env.append({"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "1"})
+    if job.spec.tracking is not None:  # the run's uid tag (the config holds the job's name, not its uid)
+        env.append({"name": "ASYNCRL_JOB_UID", "value": job.metadata.uid})
     return env
 
 

@@ -196,10 +196,11 @@ def restarts(pods: list[Body]) -> int:
 
 def secret_problem(use: secrets.SecretUse, secret: Body | None, namespace: str) -> Problem | None:
     """A Secret key the spec names that is missing or empty -> SecretNotFound / SecretKeyMissing, on
-    EndpointsReady for an endpoint's key and on Degraded for the gateway's admin key and the NATS creds
-    (a missing one would hold every pod in ContainerCreating). Reads only the key names of ``secret``,
-    never a value beyond checking it is not empty."""
-    condition: ConditionType = "Degraded" if use.usage in ("gateway", "nats") else "EndpointsReady"
+    EndpointsReady for an endpoint's key and on Degraded for the gateway's admin key, the NATS creds and a
+    tracker's credential (a missing one would hold the pods in CreateContainerConfigError). Reads only the
+    key names of ``secret``, never a value beyond checking it is not empty."""
+    degrades = use.usage in ("gateway", "nats", "tracking")
+    condition: ConditionType = "Degraded" if degrades else "EndpointsReady"
     ref, where = use.ref, f'Secret "{use.ref.name}" in namespace {namespace}'
     if secret is None:
         why = f'{where} not found ({use.field}); create it with the key "{ref.key}"'

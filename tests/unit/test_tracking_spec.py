@@ -55,3 +55,11 @@ def test_tracking_ready_follows_the_trainers_report_of_each_tracker() -> None:
     assert (cond.status, cond.reason, cond.message) == ("False", "Unauthorized", "wandb: 401")
     cond = _condition(job, [refused[0]])
     assert (cond.status, cond.reason, cond.message) == ("True", "Logging", "http://mlflow:5000/#/runs/1")
+
+
+def test_a_missing_tracking_secret_is_a_degraded_problem_not_an_endpoint_one() -> None:
+    from asyncrl_operator import diagnose  # noqa: PLC0415
+
+    use = next(u for u in secrets.refs(_job(tracking=TRACKING)) if u.usage == "tracking")
+    problem = diagnose.secret_problem(use, None, "ns")
+    assert problem is not None and (problem.condition, problem.reason) == ("Degraded", "SecretNotFound")

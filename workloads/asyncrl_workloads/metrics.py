@@ -135,6 +135,12 @@ GATEWAY_UNREWARDED = _counter(
     "Gateway trajectories not published: no reward was set and the session had no record to score.",
 )
 ENDPOINT_NAMES = ("judge", "teacher")
+TRACKING_ERRORS = _counter(
+    "asyncrl_tracking_errors",
+    "Failed calls to an experiment tracker (spec.tracking), by backend (mlflow, wandb, tensorboard); each is"
+    " retried with back-off, training goes on.",
+    ("backend",),
+)
 ENDPOINT_REQUESTS = _counter(
     "asyncrl_endpoint_requests",
     "Requests to an OpenAI-compatible endpoint (judge, teacher), one per attempt, by HTTP status code or,"
@@ -244,6 +250,10 @@ class Bound:
         VALIDATION_VERSION.labels(*v).set(version)
         VALIDATION_SAMPLES.labels(*v).set(samples)
         VALIDATION_SECONDS.labels(*v).set(seconds)
+
+    def tracking_errors_by(self, backend: str) -> prometheus_client.Counter:
+        """Bounded: ``backend`` is mlflow, wandb or tensorboard."""
+        return TRACKING_ERRORS.labels(*self._values, backend)
 
     def endpoint_requests_by(self, endpoint: str, code: str) -> prometheus_client.Counter:
         """Bounded: ``endpoint`` is judge or teacher; ``code`` an HTTP status or an error class name."""

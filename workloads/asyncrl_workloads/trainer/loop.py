@@ -43,6 +43,7 @@ from typing import Any
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import codec, jetstream
+from asyncrl_workloads.tracking import tracker as tracker_mod
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress, steplog
 from asyncrl_workloads.trainer import teacher as teacher_mod
@@ -130,13 +131,14 @@ class Leader:
         reporter: progress.Reporter,
         teacher: teacher_mod.Teacher | None = None,
         validation: validation_mod.ValidationLog | None = None,
+        tracker: tracker_mod.Tracker | None = None,
     ) -> None:
         self.settings, self.world, self.backend = settings, world, backend
         self.checkpointer, self.intake, self.nc = checkpointer, intake, nc
         self.announce_subject, self.sender = announce_subject, sender
         self.metrics = metrics
         self.teacher = teacher
-        self.steplog = steplog.StepLog(settings.step_log, intake, metrics, reporter, validation)
+        self.steplog = steplog.StepLog(settings.step_log, intake, metrics, reporter, validation, tracker)
 
     async def _bcast(self, message: tuple[str, Any]) -> None:
         if self.world.size > 1:

@@ -23,6 +23,7 @@ from asyncrl_api import config as config_mod
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import access, jetstream, subjects
 from asyncrl_workloads.endpoints import settings as endpoint_settings
+from asyncrl_workloads.tracking import tracker as tracker_mod
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import batcher as batcher_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, loop, loss, progress, staleness
@@ -127,6 +128,9 @@ async def _lead(
     nc = await _connect(cfg)
     sender = None
     teacher = None
+    tracker = tracker_mod.from_spec(
+        spec, cfg.namespace, cfg.name, pathlib.Path(spec.trainer.checkpoint.path), bound
+    )  # spec.tracking: MLflow/W&B/TensorBoard runs, fed by the step log and validation results
     try:
         if spec.teacher is not None:  # checked at start by entrypoints/trainer.py (teacher.preflight)
             teacher = teacher_mod.Teacher(endpoint_settings.teacher(spec), bound)
@@ -159,7 +163,9 @@ async def _lead(
         )
         validation = None
         if spec.data.validation is not None:  # rollout replica 0 runs it; results come here
-            validation = validation_mod.ValidationLog(validation_mod.log_path(spec.trainer.checkpoint.path))
+            validation = validation_mod.ValidationLog(
+                validation_mod.log_path(spec.trainer.checkpoint.path), tracker
+            )
             await validation.subscribe(nc, subjects.validation_subject(cfg.namespace, cfg.name))
         leader = loop.Leader(
             settings,
@@ -174,6 +180,7 @@ async def _lead(
             reporter,
             teacher,
             validation,
+            tracker,
         )
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -186,6 +193,8 @@ async def _lead(
             sender.close()
         if teacher is not None:
             teacher.close()
+        if tracker is not None:
+            await asyncio.to_thread(tracker.close)
         await nc.close()
 
 

@@ -30,6 +30,7 @@ import nats.js.errors
 
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import jetstream
+from asyncrl_workloads.tracking import tracker as tracker_mod
 from asyncrl_workloads.trainer import inbox, progress
 from asyncrl_workloads.trainer import validation as validation_mod
 
@@ -44,9 +45,12 @@ class StepLog:
         metrics: metrics_mod.Bound,
         reporter: progress.Reporter,
         validation: validation_mod.ValidationLog | None = None,
+        tracker: tracker_mod.Tracker | None = None,
     ) -> None:
         self.path, self.intake, self.metrics, self.reporter = path, intake, metrics, reporter
         self.validation = validation
+        self.tracker = tracker
+        """spec.tracking's trackers (tracking/): each step log record goes to them too."""
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=1024)
         led = intake.ledger
         self.queue_full_reported = led.queue_full_earlier + led.queue_full_current
@@ -131,7 +135,7 @@ class StepLog:
         if "teacher_kl" in step_metrics:  # a teacher job (backend.py)
             m.teacher_kl.set(step_metrics["teacher_kl"])
         catch_ups, self.catch_ups = self.catch_ups, []
-        if self.path is None:
+        if self.path is None and self.tracker is None:
             return
         record: dict[str, Any] = {
             "step": step,
@@ -146,8 +150,16 @@ class StepLog:
         }
         if catch_ups:
             record["catch_up"] = catch_ups
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if self.tracker is not None:
+            self.tracker.step(record, self.samples_per_second())
+        if self.path is not None:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def samples_per_second(self) -> float:
+        """Samples consumed per second since this process started."""
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return (self.intake.ledger.consumed_total - self.consumed_at_start) / elapsed
 
     def report(
         self,
@@ -176,11 +188,13 @@ class StepLog:
             body["lastSyncTime"] = progress.rfc3339(last_sync_time)
         if self.validation is not None and self.validation.latest is not None:
             body["validation"] = self.validation.latest
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        if self.tracker is not None:
+            body["tracking"] = [{"backend": b, **s} for b, s in self.tracker.status().items()]
         extras = {
             "reward": step_metrics.get("reward_mean"),
-            "samplesPerSecond": (self.intake.ledger.consumed_total - self.consumed_at_start) / elapsed,
+            "samplesPerSecond": self.samples_per_second(),
             "counters": self.counters(),
             "updated": time.time(),
         }
+
         self.reporter.report(body, extras, force=force)

@@ -28,6 +28,7 @@ import pathlib
 from typing import Any
 
 from asyncrl_workloads.bus import codec
+from asyncrl_workloads.tracking import tracker as tracker_mod
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,12 @@ def log_path(checkpoint_path: str) -> pathlib.Path:
 
 
 class ValidationLog:
-    def __init__(self, path: pathlib.Path) -> None:
+    def __init__(self, path: pathlib.Path, tracker: tracker_mod.Tracker | None = None) -> None:
         self.path = path
+        self.tracker = tracker
+        """spec.tracking's trackers: each result goes to them with its run's samples as the table."""
+        self.pending: dict[int, list[dict[str, Any]]] = {}
+        """The samples of runs whose result has not come yet, by step (only with a tracker)."""
         self.latest: dict[str, Any] | None = None
         """The result of the highest step received, in status.progress.validation's fields."""
         self.failures = 0
@@ -52,6 +57,10 @@ class ValidationLog:
     def take(self, part: str, body: dict[str, Any]) -> None:
         """One message's part and body (``codec.decode_validation``)."""
         if part == "sample":
+            if self.tracker is not None:
+                rows = self.pending.setdefault(int(body.get("step") or 0), [])
+                if len(rows) < 10_000:
+                    rows.append(body)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with self.path.open("a") as handle:
@@ -64,6 +73,8 @@ class ValidationLog:
         result = {name: body.get(name) for name in RESULT_FIELDS}
         if self.latest is None or int(result["step"] or 0) >= int(self.latest["step"] or 0):
             self.latest = result
+        if self.tracker is not None:
+            self.tracker.validation(result, self.pending.pop(int(result["step"] or 0), []))
         log.info(
             "validation step %s (v%s): reward mean %s over %s samples",
             result["step"], result["paramVersion"], result["rewardMean"], result["samples"],

@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run each pod in its image with podman or docker (ASYNCRL_CONTAINER_ENGINE overrides): "
         "the rendered image, command, env and user, host network",
     )
+    run.add_argument(
+        "--mlflow",
+        metavar="URI",
+        help="log the run to this MLflow tracking server (spec.tracking.mlflow.trackingURI), e.g. "
+        "http://127.0.0.1:5000",
+    )
     render = commands.add_parser(
         "render", help="print every object the operator would create for a job (like helm template)"
     )
@@ -242,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         poll_interval_s=args.poll,
         keep_checkpoint_path=args.keep_checkpoint_path,
         containers=args.containers,
+        mlflow=args.mlflow,
     )
     try:
         return runner.run(options)

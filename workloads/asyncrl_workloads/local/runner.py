@@ -21,7 +21,8 @@ host network, the run dir, model and checkpoint path mounted at the same paths);
 
 Local deviations from the job as written, all deliberate: trainer.checkpoint.path moves into the run
 dir (so a new run starts fresh and re-running the same --run-dir resumes), --max-steps and
---rollout-replicas override spec fields before rendering. Ctrl-C or SIGTERM stops every process group
+--rollout-replicas override spec fields before rendering, --mlflow URI sets spec.tracking.mlflow
+(experiment: the job's name unless the spec names one). Ctrl-C or SIGTERM stops every process group
 (SIGTERM, then SIGKILL after a grace period); children also die with the runner (PR_SET_PDEATHSIG).
 """
 
@@ -82,6 +83,8 @@ class Options:
     poll_interval_s: float = 2.0
     keep_checkpoint_path: bool = False
     containers: bool = False  # run each pod in its image (`containers`) instead of as a local process
+    mlflow: str | None = None
+    """--mlflow URI: sets spec.tracking.mlflow.trackingURI (experiment: the job's name unless set)."""
 
 
 def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -107,6 +110,10 @@ def load_job(options: Options, run_dir: pathlib.Path) -> tuple[models.AsyncRLJob
         _set(raw, ("spec", "maxSteps"), options.max_steps)
     if options.rollout_replicas is not None:
         _set(raw, ("spec", "rollout", "replicas"), options.rollout_replicas)
+    if options.mlflow is not None:
+        _set(raw, ("spec", "tracking", "mlflow", "trackingURI"), options.mlflow)
+        mlflow = raw["spec"]["tracking"]["mlflow"]
+        mlflow.setdefault("experiment", str(raw["metadata"].get("name") or "asyncrl"))
     try:
         return models.AsyncRLJob.model_validate(raw), raw
     except pydantic.ValidationError as exc:

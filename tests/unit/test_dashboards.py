@@ -57,6 +57,8 @@ WORKLOAD_METRICS = {
     # beyond §5: validation runs (data.validation, rollout/validation.py)
     "asyncrl_validation_reward", "asyncrl_validation_step", "asyncrl_validation_param_version",
     "asyncrl_validation_samples", "asyncrl_validation_seconds",
+    # beyond §5: experiment tracking (spec.tracking, tracking/)
+    "asyncrl_tracking_errors_total", "asyncrl_tracking_run_info",
 }  # fmt: skip
 OPERATOR_METRICS = {
     "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",
@@ -243,6 +245,19 @@ def test_job_dashboard_has_an_endpoints_row_on_the_endpoint_metrics() -> None:
         assert "spec.teacher" in p["description"], p["title"]
 
 
+def test_job_dashboard_links_each_tracker_run_from_its_url_label() -> None:
+    board = load(CHART / "dashboards" / "asyncrl-job.json")
+    by_title = {p["title"]: p for p in row_panels(board, "Experiment tracking")}
+    runs = by_title["Tracker runs"]
+    (target,) = runs["targets"]
+    assert target["format"] == "table" and target["instant"] and "by (backend, run_id, url)" in target["expr"]
+    (override,) = runs["fieldConfig"]["overrides"]
+    assert override["matcher"]["options"] == "url"
+    assert override["properties"][0]["value"][0]["url"] == "${__value.raw}"
+    (errors,) = by_title["Tracker errors / s by backend"]["targets"]
+    assert "asyncrl_tracking_errors_total" in errors["expr"]
+
+
 def test_metric_name_parser_catches_unknown_names() -> None:
     assert metric_names('sum by (le) (rate(foo_bucket{job="$job"}[5m])) / on (job) bar') == {
         "foo_bucket",
@@ -286,6 +301,8 @@ def exposed_series_names() -> set[str]:
     bound.gateway_requests_by("groups", 429)
     bound.endpoint_requests_by("judge", "200")
     bound.record_validation(step=10, version=10, reward_mean=0.5, samples=4, seconds=1.0)
+    bound.tracking_errors_by("mlflow")
+    bound.tracking_run("mlflow", "r1", "http://mlflow/#/experiments/1/runs/r1")
     try:
         registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
         text = b"".join(prometheus_client.generate_latest(r) for r in registries).decode()

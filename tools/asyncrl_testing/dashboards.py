@@ -3,8 +3,9 @@ Grafana's variables filled in, polled until it shows data.
 
 Called by tests/e2e/test_observability.py (every row but the agent gateway's and the endpoints', against an
 agent-loop run), tests/e2e/test_gateway_learning.py (the agent gateway's row, against a gateway run) and
-tests/e2e/test_judge_learning.py (the endpoints' row, against a judge-rewarded run): a job has one agent
-loop and its own reward, so no single run fills every row.
+tests/e2e/test_judge_learning.py (the endpoints' row, against a judge-rewarded run) and
+tests/e2e/test_tracking.py (the experiment-tracking row, against a tracked run): a job has one agent loop
+and its own reward, so no single run fills every row.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ GATEWAY_ROW = "Agent gateway"
 """The job dashboard's row that only an `agent.loop: gateway` job fills."""
 ENDPOINT_ROW = "Judge and teacher endpoints"
 """The job dashboard's row that only a job with `reward.type: judge` or `spec.teacher` fills."""
+TRACKING_ROW = "Experiment tracking"
+"""The job dashboard's row that only a job with `spec.tracking` fills."""
 RATE_WINDOW = "30s"
 """What `$__rate_interval` becomes: 30 scrapes at the tests' 1 s interval."""
 

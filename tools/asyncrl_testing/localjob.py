@@ -75,6 +75,8 @@ class LocalJob:
         self.config.write_text(config.dumps(cfg))
         self.steps_path = tmp / "steps.jsonl"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.metrics_ports: dict[str, int] = {}
+        """Each process's /metrics port, by name (a restarted process gets a new one)."""
 
     def start(self, name: str, replica: int | None = None) -> None:
         """Start the trainer (``replica`` None) or rollout ``replica`` as process ``name``."""
@@ -84,6 +86,7 @@ class LocalJob:
             "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "workloads", "tools")),
             "ASYNCRL_ROLE": role, "ASYNCRL_METRICS_PORT": str(process.free_port()),
         }  # fmt: skip
+        self.metrics_ports[name] = int(env["ASYNCRL_METRICS_PORT"])
         if self.creds is not None:
             env[config.NATS_CREDS_ENV] = str(self.creds)
         cpus = None

@@ -141,6 +141,13 @@ TRACKING_ERRORS = _counter(
     " retried with back-off, training goes on.",
     ("backend",),
 )
+TRACKING_RUN = prometheus_client.Gauge(
+    "asyncrl_tracking_run_info",
+    "1 for each experiment-tracker run the trainer logs to (spec.tracking): its backend, run id and, where "
+    "the tracker has a page, url (the job dashboard links to it).",
+    (*_LABELS, "backend", "run_id", "url"),
+    registry=REGISTRY,
+)
 ENDPOINT_REQUESTS = _counter(
     "asyncrl_endpoint_requests",
     "Requests to an OpenAI-compatible endpoint (judge, teacher), one per attempt, by HTTP status code or,"
@@ -254,6 +261,10 @@ class Bound:
     def tracking_errors_by(self, backend: str) -> prometheus_client.Counter:
         """Bounded: ``backend`` is mlflow, wandb or tensorboard."""
         return TRACKING_ERRORS.labels(*self._values, backend)
+
+    def tracking_run(self, backend: str, run_id: str, url: str | None) -> None:
+        """Bounded: one run per backend (a resumed run keeps its id, so its series)."""
+        TRACKING_RUN.labels(*self._values, backend, run_id, url or "").set(1)
 
     def endpoint_requests_by(self, endpoint: str, code: str) -> prometheus_client.Counter:
         """Bounded: ``endpoint`` is judge or teacher; ``code`` an HTTP status or an error class name."""

@@ -361,6 +361,49 @@ def endpoint_row() -> list[dict[str, Any]]:
     ]
 
 
+TRACKING_ONLY = "Empty for a job without spec.tracking."
+
+
+def tracking_row() -> list[dict[str, Any]]:
+    """The job's experiment-tracker runs, each a link to its page (the url label of
+    asyncrl_tracking_run_info: MLflow's run page, W&B's online run), and the trackers' errors."""
+    trainer = f'{JOB}, role="trainer"'
+    runs = panel(
+        "Tracker runs",
+        "table",
+        [(f"max by (backend, run_id, url) (asyncrl_tracking_run_info{{{trainer}}})", "")],
+        description="The runs trainer rank 0 logs to (spec.tracking); click a url to open the run. "
+        "TensorBoard and W&B offline have no page. " + TRACKING_ONLY,
+        options={"showHeader": True},
+        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}],
+    )
+    runs["fieldConfig"]["overrides"] = [
+        {
+            "matcher": {"id": "byName", "options": "url"},
+            "properties": [{"id": "links", "value": [{"title": "Open the run", "url": "${__value.raw}"}]}],
+        }
+    ]
+    for t in runs["targets"]:
+        t.update(format="table", instant=True, range=False)
+    return [
+        row("Experiment tracking"),
+        runs,
+        panel(
+            "Tracker errors / s by backend",
+            "timeseries",
+            [
+                (
+                    f"sum by (backend) (rate(asyncrl_tracking_errors_total{{{trainer}}}[{RI}]))",
+                    "{{backend}}",
+                )
+            ],
+            description="Failed tracker calls, retried with back-off; training goes on. The reason "
+            "(Unauthorized, Unreachable, Error) is the TrackingReady condition of kubectl describe arj. "
+            + TRACKING_ONLY,
+        ),
+    ]
+
+
 def job_dashboard() -> dict[str, Any]:
     panels = [
         row("Progress"),
@@ -529,6 +572,7 @@ def job_dashboard() -> dict[str, Any]:
         *agent_row(),
         *gateway_row(),
         *endpoint_row(),
+        *tracking_row(),
     ]
     for p in panels:
         if p.pop("targets_format", None):

@@ -15,6 +15,11 @@ COLUMNS = ("prompt", "response", "reward")
 """The validation table's columns."""
 
 
+STEP_KEY = "trainer/step"
+"""MLflow: logged with every step (its value the step), so a resumed run knows its last logged step."""
+VALIDATION_STEP_KEY = "validation/step"
+
+
 class Sink(abc.ABC):
     backend: str
     """mlflow, wandb or tensorboard: the counter's label and the state file's key."""
@@ -33,6 +38,12 @@ class Sink(abc.ABC):
     @abc.abstractmethod
     def log_validation(self, step: int, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
         """A validation run's result and its generations (prompt, response, reward)."""
+
+    def logged(self) -> dict[str, int]:
+        """After resuming a run: the last step (``last_step``) and validation step (``last_validation``)
+        the backend itself holds, where it can say. A trainer killed after a call reached the backend
+        but before tracking.json was written would otherwise log that step again."""
+        return {}
 
     def url(self) -> str | None:
         """The run's page, when the backend has one."""
@@ -78,6 +89,14 @@ class MlflowSink(Sink):
             client.log_batch(self.run_id, params=items[i : i + 100])
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._log_metrics(step, {**metrics, STEP_KEY: step})
+
+    def log_validation(self, step: int, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        # the table first: the step key marks the validation logged (see logged)
+        self._client().log_text(self.run_id, json.dumps(rows, indent=1), f"validation/step_{step:08d}.json")
+        self._log_metrics(step, {**metrics, VALIDATION_STEP_KEY: step})
+
+    def _log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         import time  # noqa: PLC0415
 
         from mlflow.entities import Metric  # noqa: PLC0415
@@ -88,9 +107,12 @@ class MlflowSink(Sink):
         for i in range(0, len(items), 1000):
             client.log_batch(self.run_id, metrics=items[i : i + 1000])
 
-    def log_validation(self, step: int, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
-        self.log_step(step, metrics)
-        self._client().log_text(self.run_id, json.dumps(rows, indent=1), f"validation/step_{step:08d}.json")
+    def logged(self) -> dict[str, int]:
+        """The latest values of the step keys (MLflow's latest value of a metric is the one of its
+        highest step), read once when a run is resumed."""
+        latest = self._client().get_run(self.run_id).data.metrics
+        names = {"last_step": STEP_KEY, "last_validation": VALIDATION_STEP_KEY}
+        return {field: int(latest[key]) for field, key in names.items() if key in latest}
 
     def url(self) -> str | None:
         if not self.run_id or not self.tracking_uri.startswith("http"):

@@ -13,7 +13,9 @@ newest are dropped and counted).
 Resume: the run id and the last step and validation step each backend logged are kept in
 ``<checkpoint path>/tracking.json`` beside the ledger. A restarted trainer opens the same run and
 skips steps up to the last logged one (it re-trains the steps after its checkpoint; they are not logged
-twice), so each step is logged once and in order.
+twice), so each step is logged once and in order. The file is written after each call returns, so a
+trainer killed in between would log that step again: where the backend can say what it holds
+(``Sink.logged``: MLflow), the resumed state takes the later of the two.
 """
 
 from __future__ import annotations
@@ -155,7 +157,12 @@ class _Channel:
         t = self.tracker
         run_id, new = self.sink.start(self.state.get("run_id"), t.run_name, t.tags)
         self.state["run_id"] = run_id
+        if not new:  # what reached the backend after the state was last written (a SIGKILL between)
+            for field, step in self.sink.logged().items():
+                self.state[field] = max(step, int(self.state.get(field, -1)))
         t.save(self.sink.backend, self.state)
+        if t.metrics is not None:
+            t.metrics.tracking_run(self.sink.backend, run_id, self.sink.url())
         if new or not self.state.get("params"):
             self.sink.log_params(t.params)
             self.state["params"] = True

@@ -424,8 +424,11 @@ def test_deleting_a_job_garbage_collects_everything(cluster, namespace, operator
     )
 
 
-def test_step_not_advancing_sets_stalled(cluster, namespace, operator):
-    start_job(cluster, namespace, progress={"stalledAfterSeconds": 10})
+def test_step_not_advancing_sets_stalled_and_a_refused_tracker_shows(cluster, namespace, operator):
+    """Stalled from a step time that stops moving; and a tracker that refuses the key (the trainer's
+    report, spec.tracking) is TrackingReady False with its reason in `kubectl describe arj`."""
+    tracking = {"mlflow": {"trackingURI": "http://mlflow.mlops:5000", "experiment": "e"}}
+    start_job(cluster, namespace, progress={"stalledAfterSeconds": 10}, tracking=tracking)
     old = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
     report_progress(cluster, namespace, "demo", step=3, stepTime=old)
     status = cluster_wait.wait_until(
@@ -435,15 +438,24 @@ def test_step_not_advancing_sets_stalled(cluster, namespace, operator):
         timeout=30,
     )
     assert condition(status, "Progressing").get("status") == "False"
+    refused = {"backend": "mlflow", "ready": False, "reason": "Unauthorized",
+               "message": "mlflow: RestException: UNAUTHENTICATED: invalid token"}  # fmt: skip
     report_progress(
-        cluster, namespace, "demo", step=4, stepTime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    )
-    cluster_wait.wait_until(
+        cluster, namespace, "demo", step=4, stepTime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        tracking=[refused],
+    )  # fmt: skip
+    status = cluster_wait.wait_until(
         lambda: job_status(cluster, namespace, "demo"),
-        lambda st: condition(st, "Stalled").get("status") == "False",
-        "not Stalled",
+        lambda st: (
+            condition(st, "Stalled").get("status") == "False"
+            and condition(st, "TrackingReady").get("reason") == "Unauthorized"
+        ),
+        "not Stalled, TrackingReady Unauthorized",
         timeout=30,
     )
+    assert condition(status, "TrackingReady")["status"] == "False"
+    described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
+    assert "TrackingReady" in described and "invalid token" in described, described
 
 
 def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace, operator):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -15,6 +16,12 @@ COLUMNS = ("prompt", "response", "reward")
 """The validation table's columns."""
 
 
+MLFLOW_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+"""MLflow client settings (its own env vars) set unless the environment has them: see MlflowSink."""
 STEP_KEY = "trainer/step"
 """MLflow: logged with every step (its value the step), so a resumed run knows its last logged step."""
 VALIDATION_STEP_KEY = "validation/step"
@@ -58,6 +65,11 @@ class MlflowSink(Sink):
 
     def __init__(self, tracking_uri: str, experiment: str) -> None:
         self.tracking_uri, self.experiment = tracking_uri, experiment
+        # MLflow's client retries each request itself 7 times with back-off doubling from 2 s (minutes
+        # before a call to a server that is down returns): the channel retries, counts and reports, so
+        # one call fails in seconds and TrackingReady says Unreachable. An env var the user set wins.
+        for name, value in MLFLOW_HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
         self.run_id = ""
         self.experiment_id = ""
 

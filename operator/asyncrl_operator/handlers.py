@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 from asyncrl_api import models
 
-from asyncrl_operator import apply, metrics, pod_events, reconcile
+from asyncrl_operator import apply, autoscaler, metrics, pod_events, reconcile
 from asyncrl_operator.render import names
 
 log = logging.getLogger(__name__)
@@ -94,12 +94,15 @@ def on_job(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
 @kopf.on.delete(*RESOURCE, optional=True)
 def on_job_deleted(name: str, namespace: str | None, **_: Any) -> None:
     metrics.forget(namespace or "", name)
+    autoscaler.forget(namespace or "", name)
 
 
 @kopf.on.event(*RESOURCE)
 def on_job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
     if event.get("type") in ("ADDED", "MODIFIED") and reconcile.needs_reconcile(dict(body)):
         reconcile.reconcile(memo.client, body.metadata.namespace or "", body.metadata.name or "")
+    if event.get("type") in ("ADDED", "MODIFIED"):
+        reconcile.autoscale(memo.client, dict(body))
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)

@@ -44,6 +44,33 @@ RESTARTS = prometheus_client.Counter(
     registry=REGISTRY,
 )
 
+_JOB = ["namespace", "job"]
+AUTOSCALE_DESIRED = prometheus_client.Gauge(
+    "asyncrl_autoscale_desired_replicas",
+    "spec.rollout.autoscale: the rollout replicas the last decision asks for.",
+    _JOB,
+    registry=REGISTRY,
+)
+AUTOSCALE_WAIT = prometheus_client.Gauge(
+    "asyncrl_autoscale_trainer_wait_fraction",
+    "spec.rollout.autoscale's signal: the trainer's share of recent wall time waiting for samples.",
+    _JOB,
+    registry=REGISTRY,
+)
+AUTOSCALE_BLOCKED = prometheus_client.Gauge(
+    "asyncrl_autoscale_rollout_blocked_fraction",
+    "spec.rollout.autoscale's signal: share of recent trainer steps whose whole batch was already queued.",
+    _JOB,
+    registry=REGISTRY,
+)
+AUTOSCALE_CHANGES = prometheus_client.Counter(
+    "asyncrl_autoscale_changes",
+    "spec.rollout.autoscale: replica changes made through /scale, by direction (up, down).",
+    [*_JOB, "direction"],
+    registry=REGISTRY,
+)
+_AUTOSCALE = (AUTOSCALE_DESIRED, AUTOSCALE_WAIT, AUTOSCALE_BLOCKED)
+
 _phases: dict[tuple[str, str], str] = {}
 _phases_lock = threading.Lock()
 
@@ -71,6 +98,23 @@ def forget(namespace: str, name: str) -> None:
     with _phases_lock:
         _phases.pop((namespace, name), None)
         _publish()
+    for gauge in _AUTOSCALE:
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
+    for direction in ("up", "down"):
+        with contextlib.suppress(KeyError):
+            AUTOSCALE_CHANGES.remove(namespace, name, direction)
+
+
+def set_autoscale(namespace: str, name: str, desired: int, signals: api_status.Utilization | None) -> None:
+    AUTOSCALE_DESIRED.labels(namespace, name).set(desired)
+    if signals is not None:
+        AUTOSCALE_WAIT.labels(namespace, name).set(signals.trainer_wait_fraction)
+        AUTOSCALE_BLOCKED.labels(namespace, name).set(signals.rollout_blocked_fraction)
+
+
+def count_scale(namespace: str, name: str, direction: str) -> None:
+    AUTOSCALE_CHANGES.labels(namespace, name, direction).inc()
 
 
 def count_restart(role: str) -> None:

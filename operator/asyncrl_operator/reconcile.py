@@ -27,7 +27,17 @@ import pydantic
 from asyncrl_api import models
 from asyncrl_api import status as api_status
 
-from asyncrl_operator import admission, apply, diagnose, failures, lifecycle, metrics, render, status
+from asyncrl_operator import (
+    admission,
+    apply,
+    autoscaler,
+    diagnose,
+    failures,
+    lifecycle,
+    metrics,
+    render,
+    status,
+)
 
 Body = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -233,6 +243,17 @@ def refresh_status(client: apply.Client, namespace: str, name: str) -> None:
             objects[("Deployment", agent)] = client.get("Deployment", namespace, agent)
         found = {key: obj for key, obj in objects.items() if obj is not None}
         _write_status(client, body, _compute(client, job, found, utc_now()))
+
+
+def autoscale(client: apply.Client, body: Body) -> None:
+    """spec.rollout.autoscale: the job's latest report as a sample; a change goes through /scale (whose
+    spec update then reconciles as any spec change)."""
+    job, _ = admission.parse(body)
+    if job is None or job.spec.rollout.autoscale is None:
+        return
+    meta = body["metadata"]
+    with lock(meta["namespace"], meta["name"]):
+        autoscaler.on_job(client, body, job)
 
 
 def needs_reconcile(body: Body) -> bool:

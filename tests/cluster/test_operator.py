@@ -494,3 +494,70 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace,
         get_json(cluster, "statefulset", "crash0-trainer", "-n", namespace)["metadata"]["generation"]
         == generation
     )
+
+
+def _report_utilization(cluster: Any, namespace: str, job: str, wait: float, blocked: float) -> None:
+    """A trainer report as trainer rank 0 sends it (steplog.report): the signals and the report's time."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    utilization = {"trainerWaitFraction": wait, "rolloutBlockedFraction": blocked, "steps": 20}
+    report_progress(cluster, namespace, job, step=3, utilization=utilization, lastUpdateTime=now)
+
+
+def _scale_while_reporting(
+    cluster: Any, namespace: str, wait: float, blocked: float, replicas: int, timeout: float = 60
+) -> dict[str, Any]:
+    """Report every second (a new report time each) until spec.rollout.replicas is `replicas`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _report_utilization(cluster, namespace, "demo", wait, blocked)
+        job = get_json(cluster, "asyncrljob", "demo", "-n", namespace)
+        if job["spec"]["rollout"]["replicas"] == replicas:
+            return job
+        assert time.monotonic() < deadline, job.get("status", {}).get("autoscale")
+        time.sleep(1.1)
+
+
+def test_autoscale_sizes_the_rollouts_through_the_scale_subresource(cluster, namespace, operator):
+    """spec.rollout.autoscale: a starved trainer's reports raise spec.rollout.replicas through /scale
+    (status.autoscale and an Event say why, the StatefulSet follows the spec), reports at maxReplicas
+    change nothing, and a blocked fleet brings it back down to minReplicas."""
+    autoscale = {"minReplicas": 1, "maxReplicas": 2, "scaleUpStabilizationSeconds": 2,
+                 "scaleDownStabilizationSeconds": 3}  # fmt: skip
+    start_job(cluster, namespace, rollout={"replicas": 1, "autoscale": autoscale})
+    running_pods(cluster, namespace, "demo", "rollout", 1)
+    _scale_while_reporting(cluster, namespace, wait=0.6, blocked=0.0, replicas=2)
+    job = get_json(cluster, "asyncrljob", "demo", "-n", namespace, "--show-managed-fields")
+    managers = {m["manager"] for m in job["metadata"]["managedFields"] if m.get("subresource") == "scale"}
+    assert managers, "the replicas were not set through /scale"
+    running_pods(cluster, namespace, "demo", "rollout", 2)
+    assert get_json(cluster, "statefulset", "demo-rollout", "-n", namespace)["spec"]["replicas"] == 2
+    status = cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo").get("autoscale") or {},
+        lambda a: a.get("lastScaleReason", "").startswith("rollout replicas 1 -> 2"),
+        "status.autoscale of the scale-up",
+        timeout=30,
+    )
+    assert "trainer starved" in status["lastScaleReason"] and status["trainerWaitFraction"] == 0.6
+    cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo").get("rollout", {}).get("readyReplicas"),
+        lambda ready: ready == 2,
+        "2 ready rollout replicas in status",
+        timeout=60,
+    )
+    for _ in range(5):  # starved at maxReplicas: nothing changes
+        _report_utilization(cluster, namespace, "demo", 0.6, 0.0)
+        time.sleep(1.1)
+    assert get_json(cluster, "asyncrljob", "demo", "-n", namespace)["spec"]["rollout"]["replicas"] == 2
+    at_max = job_status(cluster, namespace, "demo")["autoscale"]
+    assert (at_max["reason"], "at maxReplicas 2" in at_max["message"]) == ("Stable", True), at_max
+    _scale_while_reporting(cluster, namespace, wait=0.0, blocked=0.95, replicas=1)
+    events = get_json(cluster, "events", "-n", namespace, "--field-selector", "involvedObject.name=demo")[
+        "items"
+    ]
+    reasons = [(e["reason"], e["message"].split(":")[0]) for e in events if e["reason"].startswith("Scale")]
+    assert ("ScaleUp", "rollout replicas 1 -> 2") in reasons and (
+        "ScaleDown",
+        "rollout replicas 2 -> 1",
+    ) in reasons
+    described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
+    assert "rollouts held back" in described, described

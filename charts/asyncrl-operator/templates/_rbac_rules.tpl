@@ -18,6 +18,11 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
 - apiGroups: [asyncrl.dev]
   resources: [asyncrljobs/status]
   verbs: [get, patch]
+# spec.rollout.autoscale: autoscaler.on_job sets the rollout replicas through the job's /scale
+# subresource (apply.Client.scale), as an HPA would, and posts an Event per change (rule below).
+- apiGroups: [asyncrl.dev]
+  resources: [asyncrljobs/scale]
+  verbs: [patch]
 # Children carry controller ownerReferences with blockOwnerDeletion: true; clusters running the
 # OwnerReferencesPermissionEnforcement admission plugin require update on the owner's finalizers.
 - apiGroups: [asyncrl.dev]

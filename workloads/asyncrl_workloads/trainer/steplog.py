@@ -34,6 +34,9 @@ from asyncrl_workloads.tracking import tracker as tracker_mod
 from asyncrl_workloads.trainer import inbox, progress
 from asyncrl_workloads.trainer import validation as validation_mod
 
+UTILIZATION_STEPS = 20
+"""Steps status.progress.utilization covers (spec.rollout.autoscale's signals)."""
+
 
 class StepLog:
     """Rank 0's counters since this process started, and where they are written."""
@@ -61,6 +64,10 @@ class StepLog:
         self.stored = 0
         self.started = time.monotonic()
         self.consumed_at_start = intake.ledger.consumed_total
+        self.recent_steps: collections.deque[tuple[float, float, bool]] = collections.deque(
+            maxlen=UTILIZATION_STEPS
+        )
+        """(waited, wall time, whole batch already queued) of the last steps: status.progress.utilization."""
         self.catch_ups: list[dict[str, Any]] = []
         """Catch-up rounds since the last step (reported with the next step)."""
 
@@ -73,6 +80,22 @@ class StepLog:
             self.recent_staleness.append(t.staleness)
             self.intake.filter.consume(t.staleness)
         m.trainer_idle.set(waited / total if total > 0 else 0.0)
+        # queue_depth is the last look before this step asked (after the previous step, or while waiting)
+        self.recent_steps.append((waited, total, bool(taken) and self.queue_depth >= len(taken)))
+
+    def utilization(self) -> dict[str, Any] | None:
+        """The trainer's wait share and the steps that found their batch queued, over the last steps."""
+        if not self.recent_steps:
+            return None
+        total = sum(t for _, t, _ in self.recent_steps)
+        waited = sum(w for w, _, _ in self.recent_steps)
+        return {
+            "trainerWaitFraction": round(min(1.0, waited / total) if total > 0 else 0.0, 4),
+            "rolloutBlockedFraction": round(
+                sum(q for _, _, q in self.recent_steps) / len(self.recent_steps), 4
+            ),
+            "steps": len(self.recent_steps),
+        }
 
     async def refresh_queue(self) -> None:
         """Read the bus consumer's state: queue depth and age, and samples the full stream dropped.
@@ -190,6 +213,10 @@ class StepLog:
             body["validation"] = self.validation.latest
         if self.tracker is not None:
             body["tracking"] = [{"backend": b, **s} for b, s in self.tracker.status().items()]
+        utilization = self.utilization()
+        if utilization is not None:  # with the report's time: spec.rollout.autoscale takes it as a sample
+            body["utilization"] = utilization
+            body["lastUpdateTime"] = progress.rfc3339(time.time())
         extras = {
             "reward": step_metrics.get("reward_mean"),
             "samplesPerSecond": self.samples_per_second(),

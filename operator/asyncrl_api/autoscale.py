@@ -1,0 +1,163 @@
+"""Elastic rollouts: spec.rollout.autoscale and the decision the operator (and the local runner) takes.
+
+The decision is a pure function of the spec, the current replica count and a history of ``Signals`` (what
+trainer rank 0 reports in status.progress.utilization), so the operator, the local runner and the unit
+tests share it. Modelled on the HorizontalPodAutoscaler's algorithm and ``behavior`` fields:
+
+- a *recommendation* per sample: up when the trainer waits for samples more than
+  ``targetTrainerWaitFraction`` of its wall time (HPA's ratio: the fleet's output is taken as proportional to
+  its replicas, and the trainer's busy share ``1 - wait`` as proportional to the fleet's output, so
+  ``ceil(current * (1 - target) / (1 - wait))``); down by one when the trainer does not wait and the fleet is
+  held back (``rolloutBlockedFraction`` above ``maxBlockedFraction``); else the current count;
+- *stabilisation* as HPA's ``behavior.scale{Up,Down}.stabilizationWindowSeconds``: a scale-up takes the
+  lowest recommendation of its window, a scale-down the highest, so one slow step (a weight sync, a
+  checkpoint) or one quick one moves nothing;
+- a *policy* as HPA's ``behavior.*.policies`` of type Pods: at most ``maxStep`` replicas per change.
+
+Where it differs from HPA, and why: (1) a window must be *covered* by samples taken since the last change
+and with every replica ready (HPA also ignores unready pods' metrics); a new rollout replica loads its
+engine for minutes and joins weight sync at the next version, and until then the trainer's wait says
+nothing about the new size; (2) scale-down is one replica per change whatever the surplus: an over-sized
+fleet shows up as a blocked one, which does not say by how much; (3) the metric is the job's own report,
+not the metrics API: no adapter is needed. Only one controller may own ``spec.rollout.replicas``: with
+``autoscale`` set, do not also point an HPA or a KEDA ScaledObject at the job (docs/autoscaling.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import pydantic
+
+from asyncrl_api import base
+
+_RULES = (
+    base.Rule(
+        cel="self.minReplicas <= self.maxReplicas",
+        message="minReplicas must not exceed maxReplicas",
+        field_path=".minReplicas",
+        check=lambda a: a.min_replicas <= a.max_replicas,
+    ),
+)
+
+
+class AutoscaleSpec(base.APIModel):
+    """Size the rollout fleet to keep the trainer busy without generating what the staleness bound holds
+    back. The operator changes spec.rollout.replicas through the job's /scale subresource, as an HPA
+    would; status.autoscale and an event per change say why. Only one controller may own the replicas:
+    not together with an HPA or a KEDA ScaledObject on this job."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_RULES))
+
+    min_replicas: int = pydantic.Field(default=1, ge=1, le=1024)
+    """Fewest rollout replicas."""
+    max_replicas: int = pydantic.Field(ge=1, le=1024)
+    """Most rollout replicas (a count the cluster's GPUs can never hold is only a warning in status)."""
+    target_trainer_wait_fraction: float = pydantic.Field(default=0.1, ge=0.0, lt=1.0)
+    """Scale up while the trainer spends more than this share of its wall time waiting for samples."""
+    max_blocked_fraction: float = pydantic.Field(default=0.5, gt=0.0, le=1.0)
+    """Scale down (while the trainer waits no more than the target) when more than this share of the
+    trainer's recent steps found their whole batch already queued: the rollouts ran ahead and the
+    staleness bound or the full queue held them back."""
+    scale_up_stabilization_seconds: int = pydantic.Field(default=60, ge=0, le=3600)
+    """A scale-up needs this long of samples (since the last change, all replicas ready) and takes the
+    lowest recommendation among them (HPA's behavior.scaleUp.stabilizationWindowSeconds)."""
+    scale_down_stabilization_seconds: int = pydantic.Field(default=300, ge=0, le=3600)
+    """A scale-down needs this long of samples and takes the highest recommendation among them."""
+    max_step: int = pydantic.Field(default=1, ge=1, le=64)
+    """At most this many replicas added per change (removals are one at a time)."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> AutoscaleSpec:
+        base.check_rules(self, _RULES)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class Signals:
+    """One report of the trainer's view of the fleet."""
+
+    at: float
+    """Wall-clock seconds (time.time()) of the report."""
+    trainer_wait_fraction: float
+    """Share of the trainer's recent wall time spent waiting for samples (0..1)."""
+    rollout_blocked_fraction: float
+    """Share of the trainer's recent steps whose whole batch was already queued (0..1)."""
+    ready_replicas: int
+    """Rollout replicas ready when the report was taken."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    replicas: int
+    """Desired rollout replicas."""
+    reason: str
+    """ScaleUp, ScaleDown, Stable, Stabilizing, WaitingForReplicas, BelowMin, AboveMax, NoSignals."""
+    message: str
+    """What was decided and from which values: for events and kubectl describe."""
+
+
+def recommend(spec: AutoscaleSpec, current: int, s: Signals) -> int:
+    """The replica count one sample asks for, before stabilisation and limits."""
+    if s.trainer_wait_fraction > spec.target_trainer_wait_fraction:
+        busy = max(1.0 - s.trainer_wait_fraction, 0.05)
+        return max(current + 1, math.ceil(current * (1.0 - spec.target_trainer_wait_fraction) / busy - 1e-9))
+    if s.rollout_blocked_fraction > spec.max_blocked_fraction:
+        return current - 1
+    return current
+
+
+def _values(s: Signals) -> str:
+    return f"trainer wait {s.trainer_wait_fraction:.2f}, rollouts blocked {s.rollout_blocked_fraction:.2f}"
+
+
+def decide(
+    spec: AutoscaleSpec,
+    current: int,
+    history: Sequence[Signals],
+    last_change_at: float | None,
+    now: float,
+) -> Decision:
+    """The desired rollout replicas given ``history`` (oldest first) and the last change's time."""
+    lo, hi = spec.min_replicas, spec.max_replicas
+    if current < lo:
+        return Decision(lo, "BelowMin", f"{current} replicas is below minReplicas {lo}")
+    if current > hi:
+        return Decision(hi, "AboveMax", f"{current} replicas is above maxReplicas {hi}")
+    since = [s for s in history if last_change_at is None or s.at >= last_change_at]
+    if not since:
+        return Decision(current, "NoSignals", "no trainer report since the last change")
+    latest = since[-1]
+    if latest.ready_replicas < current:
+        return Decision(
+            current, "WaitingForReplicas", f"{latest.ready_replicas}/{current} rollout replicas ready"
+        )
+    first_ready = len(since)
+    while first_ready > 0 and since[first_ready - 1].ready_replicas >= current:
+        first_ready -= 1
+    ready = since[first_ready:]  # the trailing run of samples with every replica ready
+    asked = recommend(spec, current, latest)
+    wanted = min(max(asked, lo), hi)
+    if wanted == current:
+        bound = f" (at {'max' if asked > hi else 'min'}Replicas {current})" if asked != current else ""
+        return Decision(current, "Stable", _values(latest) + bound)
+    window = (
+        spec.scale_up_stabilization_seconds if wanted > current else spec.scale_down_stabilization_seconds
+    )
+    covered = now - ready[0].at
+    if covered < window:
+        return Decision(
+            current, "Stabilizing", f"{_values(latest)}; {covered:.0f}s of the {window}s window observed"
+        )
+    recs = [recommend(spec, current, s) for s in ready if s.at >= now - window]
+    if wanted > current:
+        target = min(min(recs), current + spec.max_step, hi)
+        if target <= current:
+            return Decision(current, "Stabilizing", f"{_values(latest)}; not starved for the whole window")
+        return Decision(target, "ScaleUp", f"trainer starved ({_values(latest)} over {window}s)")
+    target = max(max(recs), current - 1, lo)
+    if target >= current:
+        return Decision(current, "Stable" if current == lo else "Stabilizing", _values(latest))
+    return Decision(target, "ScaleDown", f"rollouts held back ({_values(latest)} over {window}s)")

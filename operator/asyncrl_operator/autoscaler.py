@@ -1,0 +1,94 @@
+"""spec.rollout.autoscale in the operator: each trainer report (status.progress.utilization) is a sample;
+``asyncrl_api.autoscale.decide`` turns the samples into a replica count, which goes to the job's own /scale
+subresource (never to the StatefulSet: the spec stays the one truth, and reconcile renders from it).
+status.autoscale and an Event per change say why.
+
+The samples live in this process (a bounded deque per job): an operator restart forgets them and the
+next change waits one stabilisation window of new reports, the same as after a change. Called by
+handlers.on_job_event for every ADDED/MODIFIED event of a job with autoscale, under the job's lock; it
+decides once per new report (or at once when the replicas are outside minReplicas..maxReplicas), so its
+own status patch does not decide again.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import logging
+import time
+
+from asyncrl_api import autoscale, models
+from asyncrl_api import status as api_status
+
+from asyncrl_operator import apply, metrics, status
+
+log = logging.getLogger(__name__)
+
+HISTORY = 512
+"""Samples kept per job (at the default 10 s report interval, over an hour)."""
+
+_samples: dict[tuple[str, str], collections.deque[autoscale.Signals]] = {}
+_last_change: dict[tuple[str, str], float] = {}
+
+
+def forget(namespace: str, name: str) -> None:
+    _samples.pop((namespace, name), None)
+    _last_change.pop((namespace, name), None)
+
+
+def _observe(key: tuple[str, str], job: models.AsyncRLJob) -> bool:
+    """Append the job's report as a sample; False if it is not a new one."""
+    progress = job.status.progress
+    if progress is None or progress.utilization is None:
+        return False
+    when = status.parse_time(progress.last_update_time)
+    if when is None:
+        return False
+    at = when.timestamp()
+    samples = _samples.setdefault(key, collections.deque(maxlen=HISTORY))
+    if samples and samples[-1].at >= at:
+        return False  # the same report again (another status field changed)
+    u = progress.utilization
+    samples.append(
+        autoscale.Signals(
+            at, u.trainer_wait_fraction, u.rollout_blocked_fraction, job.status.rollout.ready_replicas
+        )
+    )
+    return True
+
+
+def on_job(client: apply.Client, body: apply.Body, job: models.AsyncRLJob, now: float | None = None) -> None:
+    """Take the job's latest report as a sample, decide, and act through /scale."""
+    spec = job.spec.rollout.autoscale
+    if spec is None or job.spec.suspend or job.status.phase in ("Succeeded", "Failed", "Pending"):
+        return
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    now = time.time() if now is None else now
+    current = job.spec.rollout.replicas
+    if not _observe(key, job) and spec.min_replicas <= current <= spec.max_replicas:
+        return  # decide once per trainer report: this event is our own status patch or another change
+    decision = autoscale.decide(spec, current, list(_samples.get(key, ())), _last_change.get(key), now)
+    old = job.status.autoscale or api_status.AutoscaleStatus()
+    new = old.model_copy(
+        update={"desired_replicas": decision.replicas, "reason": decision.reason, "message": decision.message}
+    )
+    u = job.status.progress.utilization if job.status.progress is not None else None
+    if u is not None:
+        new.trainer_wait_fraction = u.trainer_wait_fraction
+        new.rollout_blocked_fraction = u.rollout_blocked_fraction
+    metrics.set_autoscale(key[0], key[1], decision.replicas, u)
+    if decision.replicas != current:
+        when = status.format_time(datetime.datetime.fromtimestamp(now, datetime.UTC))
+        why = f"rollout replicas {current} -> {decision.replicas}: {decision.message}"
+        client.scale(key[0], key[1], decision.replicas)
+        _last_change[key] = now
+        new.last_scale_time, new.last_scale_reason = when, why
+        metrics.count_scale(key[0], key[1], "up" if decision.replicas > current else "down")
+        log.info("%s/%s: %s", key[0], key[1], why)
+        try:
+            client.post_event(body, "Normal", decision.reason, why, when)
+        except apply.ApiError as exc:  # the change is made and in status; the event is a courtesy
+            log.warning("%s/%s: event not posted: %s", key[0], key[1], exc.status)
+    if new != old:
+        client.patch_status(key[0], key[1], {"autoscale": new.to_api()})

@@ -63,6 +63,9 @@ WORKLOAD_METRICS = {
 OPERATOR_METRICS = {
     "asyncrl_operator_reconcile_seconds", "asyncrl_operator_reconcile_errors_total", "asyncrl_jobs",
     "asyncrl_job_restarts_total",
+    # beyond §5: spec.rollout.autoscale's decision (autoscaler.py)
+    "asyncrl_autoscale_desired_replicas", "asyncrl_autoscale_trainer_wait_fraction",
+    "asyncrl_autoscale_rollout_blocked_fraction", "asyncrl_autoscale_changes_total",
 }  # fmt: skip
 HISTOGRAMS = {"asyncrl_sample_staleness", "asyncrl_weight_sync_seconds", "asyncrl_rollout_pause_seconds",
               "asyncrl_reward", "asyncrl_agent_turns", "asyncrl_tool_seconds",
@@ -291,6 +294,7 @@ def exposed_series_names() -> set[str]:
     children, which exist once an endpoint was called, and the validation gauges, which exist once a
     validation run ended) present."""
     import prometheus_client
+    from asyncrl_api import status as api_status
     from asyncrl_operator import metrics as operator_metrics
     from asyncrl_workloads import metrics as workload_metrics
 
@@ -303,10 +307,13 @@ def exposed_series_names() -> set[str]:
     bound.record_validation(step=10, version=10, reward_mean=0.5, samples=4, seconds=1.0)
     bound.tracking_errors_by("mlflow")
     bound.tracking_run("mlflow", "r1", "http://mlflow/#/experiments/1/runs/r1")
+    operator_metrics.set_autoscale(identity[0], identity[1], 2, api_status.Utilization())
+    operator_metrics.count_scale(identity[0], identity[1], "up")
     try:
         registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)
         text = b"".join(prometheus_client.generate_latest(r) for r in registries).decode()
     finally:  # leave the process-wide registry as found: drop the children bound above
+        operator_metrics.forget(identity[0], identity[1])
         for metric in vars(workload_metrics).values():
             if isinstance(metric, prometheus_client.metrics.MetricWrapperBase):
                 for labels in [k for k in metric._metrics if k[: len(identity)] == identity]:

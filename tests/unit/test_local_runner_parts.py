@@ -288,6 +288,16 @@ def test_invalid_job_names_the_field_and_writes_nothing(tmp_path):
     assert not run_dir.exists()
 
 
+def test_autoscale_is_refused_locally_not_ignored(tmp_path):
+    body = jobs.load_example("tiny-cpu.yaml")
+    body["spec"]["rollout"]["autoscale"] = {"minReplicas": 1, "maxReplicas": 2}
+    job_file = tmp_path / "elastic.yaml"
+    job_file.write_text(yaml.safe_dump(body))
+    with pytest.raises(runner.JobFileError, match=r"spec\.rollout\.autoscale: asyncrl run does not resize"):
+        runner.run(runner.Options(job_file=job_file, run_dir=tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
 # --- progress records and plots -----------------------------------------------------------------------
 
 

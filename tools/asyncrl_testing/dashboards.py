@@ -28,6 +28,8 @@ ENDPOINT_ROW = "Judge and teacher endpoints"
 """The job dashboard's row that only a job with `reward.type: judge` or `spec.teacher` fills."""
 TRACKING_ROW = "Experiment tracking"
 """The job dashboard's row that only a job with `spec.tracking` fills."""
+AUTOSCALE_ROW = "Elastic rollouts"
+"""The job dashboard's row that only a job with `spec.rollout.autoscale` fills (the operator's metrics)."""
 RATE_WINDOW = "30s"
 """What `$__rate_interval` becomes: 30 scrapes at the tests' 1 s interval."""
 

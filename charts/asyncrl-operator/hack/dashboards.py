@@ -361,6 +361,50 @@ def endpoint_row() -> list[dict[str, Any]]:
     ]
 
 
+AUTOSCALE_ONLY = "Empty for a job without spec.rollout.autoscale (the operator exports these)."
+
+
+def autoscale_row() -> list[dict[str, Any]]:
+    """spec.rollout.autoscale: replicas asked for and serving, the decision's signals, its changes."""
+    return [
+        row("Elastic rollouts"),
+        panel(
+            "Rollout replicas: desired and exporting",
+            "timeseries",
+            [
+                (f"max(asyncrl_autoscale_desired_replicas{{{JOB}}})", "desired (autoscale)"),
+                (f'count(asyncrl_param_version{{{JOB}, role="rollout"}})', "exporting metrics"),
+            ],
+            description="What the last autoscale decision asks for, and the rollout replicas whose "
+            "metrics Prometheus scrapes (a new replica appears once its engine serves). " + AUTOSCALE_ONLY,
+        ),
+        panel(
+            "Autoscale signals",
+            "timeseries",
+            [
+                (f"max(asyncrl_autoscale_trainer_wait_fraction{{{JOB}}})", "trainer wait"),
+                (f"max(asyncrl_autoscale_rollout_blocked_fraction{{{JOB}}})", "rollouts blocked"),
+            ],
+            unit="percentunit",
+            description="The trainer's share of time waiting for samples (above targetTrainerWaitFraction: "
+            "scale up) and the share of its steps that found their batch queued (above maxBlockedFraction: "
+            "scale down). " + AUTOSCALE_ONLY,
+        ),
+        panel(
+            "Autoscale changes",
+            "timeseries",
+            [
+                (
+                    f"sum by (direction) (increase(asyncrl_autoscale_changes_total{{{JOB}}}[{RI}]))",
+                    "{{direction}}",
+                )
+            ],
+            description="Replica changes through /scale; kubectl describe arj lists each as an Event with "
+            "its reason. " + AUTOSCALE_ONLY,
+        ),
+    ]
+
+
 TRACKING_ONLY = "Empty for a job without spec.tracking."
 
 
@@ -573,6 +617,7 @@ def job_dashboard() -> dict[str, Any]:
         *gateway_row(),
         *endpoint_row(),
         *tracking_row(),
+        *autoscale_row(),
     ]
     for p in panels:
         if p.pop("targets_format", None):

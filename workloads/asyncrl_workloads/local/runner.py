@@ -273,6 +273,11 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     engine_path = containers.find_engine(os.environ) if options.containers else None
     spec = job.spec
     local_gateway = gateway.plan(spec, os.environ)
+    if spec.rollout.autoscale is not None:  # refused, not ignored: see docs/autoscaling.md
+        raise JobFileError(
+            "spec.rollout.autoscale: asyncrl run does not resize its rollout processes yet (the operator "
+            "does, on a cluster); remove it and set rollout.replicas (or --rollout-replicas) to run locally"
+        )
     busy = gateway.busy_ports(local_gateway) if local_gateway is not None else []
     if busy:
         raise JobFileError(

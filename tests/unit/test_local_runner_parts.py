@@ -288,8 +288,8 @@ def test_invalid_job_names_the_field_and_writes_nothing(tmp_path):
     assert not run_dir.exists()
 
 
-def test_autoscale_is_refused_locally_not_ignored(tmp_path):
-    body = jobs.load_example("tiny-cpu.yaml")
+def test_autoscale_of_a_gateway_job_is_refused_locally_not_ignored(tmp_path):
+    body = jobs.load_example("gateway-cpu.yaml")
     body["spec"]["rollout"]["autoscale"] = {"minReplicas": 1, "maxReplicas": 2}
     job_file = tmp_path / "elastic.yaml"
     job_file.write_text(yaml.safe_dump(body))
@@ -584,3 +584,65 @@ def test_the_nats_creds_path_is_the_runners_own_file_when_it_has_one():
     assert pods.container_env(container, "p-0", "ns", 0, {}, environ=here) == here
     unset = pods.container_env(container, "p-0", "ns", 0, {}, environ={})
     assert unset == {config.NATS_CREDS_ENV: config.NATS_CREDS_PATH}
+
+
+def test_scale_rollouts_starts_parked_ordinals_and_sigterms_the_highest_first(tmp_path):
+    """spec.rollout.autoscale locally: rollouts planned up to maxReplicas, the parked ones started on a
+    scale-up, the highest SIGTERMed on a scale-down (never restarted as a crash), started again later."""
+    script = "trap 'echo stopped > $0.term; exit 0' TERM; while :; do sleep 0.05; done"
+    rollouts = [
+        dataclasses.replace(
+            _pod(f"s-rollout-{i}", "rollout", script),
+            replica=i,
+            argv=("/bin/sh", "-c", script, str(tmp_path / f"r{i}")),
+        )  # fmt: skip
+        for i in range(3)
+    ]
+    supervisor = runner.Supervisor(
+        [_pod("s-trainer-0", "trainer", "sleep 30"), *rollouts], {}, tmp_path, print
+    )
+    supervisor.wanted_rollouts, supervisor.parked = 1, {"s-rollout-1", "s-rollout-2"}
+    supervisor.start_all()
+    try:
+        assert sorted(supervisor.children) == ["s-rollout-0", "s-trainer-0"]
+        supervisor.scale_rollouts(3)
+        assert [p.name for p in supervisor.running() if p.role == "rollout"] == [p.name for p in rollouts]
+        time.sleep(0.3)  # the shells set their trap
+        supervisor.scale_rollouts(1)
+        assert _wait_for(lambda: (tmp_path / "r2.term").exists() and (tmp_path / "r1.term").exists())
+        assert not (tmp_path / "r0.term").exists()
+        assert _wait_for(lambda: supervisor.children["s-rollout-2"].poll() is not None)
+        assert supervisor.check() is None and "s-rollout-2" not in supervisor.restart_at  # not a crash
+        assert [p.name for p in supervisor.running() if p.role == "rollout"] == ["s-rollout-0"]
+        supervisor.scale_rollouts(2)  # ordinal 1 again, once its earlier process is gone
+        assert _wait_for(lambda: supervisor.check() is None and "s-rollout-1" not in supervisor.parked)
+        assert supervisor.children["s-rollout-1"].poll() is None
+    finally:
+        supervisor.stop_all(grace=5)
+
+
+def test_elastic_takes_each_new_trainer_report_once_and_asks_for_the_decision(tmp_path):
+    from asyncrl_api import autoscale
+    from asyncrl_workloads.local import elastic
+
+    report = tmp_path / "progress.json"
+    asked: list[int] = []
+    spec = autoscale.AutoscaleSpec.model_validate(
+        {"minReplicas": 1, "maxReplicas": 2, "scaleUpStabilizationSeconds": 2}
+    )
+    scaler = elastic.Elastic(spec, 1, report, asked.append, print)
+    assert scaler.poll(1, now=0.0) is None  # no report yet
+
+    def write(at: float, wait: float) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        u = {"trainerWaitFraction": wait, "rolloutBlockedFraction": 0.0, "steps": 20}
+        report.write_text(json.dumps({"progress": {"step": 3, "utilization": u, "lastUpdateTime": stamp}}))
+
+    write(1000, 0.7)
+    assert scaler.poll(1, now=1000.5).reason == "Stabilizing"
+    assert scaler.poll(1, now=1001) is None  # the same report: no second sample
+    write(1003, 0.7)
+    assert scaler.poll(1, now=1003.2).reason == "ScaleUp" and asked == [2] and scaler.replicas == 2
+    write(1004, 0.7)
+    assert scaler.poll(1, now=1004.1).reason == "WaitingForReplicas"  # the new one loads its engine
+    assert scaler.changes[0]["from"] == 1 and scaler.changes[0]["to"] == 2

@@ -60,8 +60,20 @@ def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float],
 
 
 def _panels(records: list[dict[str, Any]]) -> list[tuple[str, str, str, list[tuple[str, str, str]]]]:
-    """(file stem, title, x label, [(x field, y field, legend)]) per panel."""
-    return [
+    """(file stem, title, x label, [(x field, y field, legend)]) per panel; rollout replicas over time
+    for a run with spec.rollout.autoscale."""
+    elastic = [
+        (
+            "replicas",
+            "Rollout replicas (spec.rollout.autoscale)",
+            "seconds since start",
+            [
+                ("elapsed", "rolloutReplicasDesired", "asked for"),
+                ("elapsed", "rolloutReplicasReady", "ready (engine serving)"),
+            ],
+        )
+    ]
+    return (elastic if any("rolloutReplicasDesired" in r for r in records) else []) + [
         (
             "reward",
             "Reward",

@@ -246,9 +246,12 @@ def _fmt(value: float | None, spec: str) -> str:
 def line(entry: Mapping[str, Any]) -> str:
     """One human line: step, version, reward (and `val <reward>@<step>`, the last validation run, for a job
     with spec.data.validation), staleness, queue depth, throughput, tool calls per episode (a job with an
-    agent loop only), processes up."""
+    agent loop only), processes up, rollouts ready/asked for (spec.rollout.autoscale)."""
     steps = f"{entry['step']}/{entry['maxSteps']}" if entry.get("maxSteps") else str(entry["step"])
     agent = f"  {_fmt(entry['toolCallsPerEpisode'], '.2f')} tool calls/ep" if "agentEpisodes" in entry else ""
+    replicas = ""
+    if "rolloutReplicasDesired" in entry:  # spec.rollout.autoscale
+        replicas = f"  rollouts {entry['rolloutReplicasReady']}/{entry['rolloutReplicasDesired']}"
     val = ""
     if "validationStep" in entry:
         val = f"  val {_fmt(entry['validationReward'], '.3f')}@{entry['validationStep']}"
@@ -259,5 +262,5 @@ def line(entry: Mapping[str, Any]) -> str:
         f" (max {_fmt(entry.get('stalenessMax'), '.0f')})"
         f"  queue {_fmt(entry.get('queueDepth'), 'd')}"
         f"  {entry['samplesPerSecond']:.1f} samples/s {entry['tokensPerSecond']:.0f} tok/s{agent}"
-        f"  up {entry['processesUp']}/{entry['processes']}"
+        f"  up {entry['processesUp']}/{entry['processes']}{replicas}"
     )

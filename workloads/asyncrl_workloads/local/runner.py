@@ -44,7 +44,7 @@ import yaml
 from asyncrl_api import models
 
 from asyncrl_workloads import termination
-from asyncrl_workloads.local import containers, gateway, natsserver, pods, process, progress
+from asyncrl_workloads.local import containers, elastic, gateway, natsserver, pods, process, progress
 
 STOP_GRACE_S = 15.0
 ROLLOUT_RESTARTS = 3
@@ -154,6 +154,11 @@ class Supervisor:
         self.restarts: dict[str, int] = dict.fromkeys((p.name for p in local_pods), 0)
         self.restart_at: dict[str, float] = {}
         """Pods waiting out their back-off: name -> time.monotonic() of the restart."""
+        self.wanted_rollouts = 0
+        """The rollout replicas asked for by scale_rollouts (spec.rollout.autoscale)."""
+        self.parked: set[str] = set()
+        """Rollout pods planned but not running (spec.rollout.autoscale: ordinals beyond the replicas
+        asked for); a parked pod that is still stopping is not restarted."""
 
     def termination_log(self, pod: pods.LocalPod) -> pathlib.Path:
         return self.logs / f"{pod.name}.termination-log"
@@ -171,12 +176,47 @@ class Supervisor:
 
     def start_all(self) -> None:
         for pod in self.local_pods:
+            if pod.name not in self.parked:
+                self.start(pod)
+
+    def running(self) -> list[pods.LocalPod]:
+        """The pods started and not parked."""
+        return [p for p in self.local_pods if p.name not in self.parked and p.name in self.children]
+
+    def scale_rollouts(self, replicas: int) -> None:
+        """Run rollout ordinals 0..replicas-1: start parked ones below, SIGTERM running ones above (the
+        highest first, as a StatefulSet scales down); a stopped one is reaped by stop_all."""
+        for pod in sorted((p for p in self.local_pods if p.role == "rollout"), key=lambda p: -p.replica):
+            if pod.replica >= replicas and pod.name not in self.parked:
+                self.parked.add(pod.name)
+                self.restart_at.pop(pod.name, None)
+                child = self.children.get(pod.name)
+                if child is not None and child.poll() is None:
+                    child.process.send_signal(signal.SIGTERM)
+        self.wanted_rollouts = replicas
+        self._unpark()
+
+    def _unpark(self) -> None:
+        """Start the parked rollouts below the replicas asked for (one still stopping from an earlier
+        scale-down waits for a later check)."""
+        for pod in self.local_pods:
+            if pod.role != "rollout" or pod.name not in self.parked or pod.replica >= self.wanted_rollouts:
+                continue
+            child = self.children.get(pod.name)
+            if child is not None and child.poll() is None:
+                continue
+            self.parked.discard(pod.name)
+            self.restarts[pod.name] = 0
             self.start(pod)
 
     def check(self, now: float | None = None) -> tuple[str, str] | None:
         """None while the job runs; ("done", why) when the trainer finished; ("failed", why) on failure."""
         now = time.monotonic() if now is None else now
+        if self.parked:
+            self._unpark()
         for pod in self.local_pods:
+            if pod.name in self.parked or pod.name not in self.children:
+                continue
             if pod.name in self.restart_at:
                 if now >= self.restart_at[pod.name]:
                     del self.restart_at[pod.name]
@@ -273,10 +313,10 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     engine_path = containers.find_engine(os.environ) if options.containers else None
     spec = job.spec
     local_gateway = gateway.plan(spec, os.environ)
-    if spec.rollout.autoscale is not None:  # refused, not ignored: see docs/autoscaling.md
+    if spec.rollout.autoscale is not None and local_gateway is not None:  # refused, not ignored
         raise JobFileError(
-            "spec.rollout.autoscale: asyncrl run does not resize its rollout processes yet (the operator "
-            "does, on a cluster); remove it and set rollout.replicas (or --rollout-replicas) to run locally"
+            "spec.rollout.autoscale: asyncrl run does not resize the rollouts of a gateway job (its agents "
+            "are given the replicas' URLs at start); remove it to run locally, the operator applies it"
         )
     busy = gateway.busy_ports(local_gateway) if local_gateway is not None else []
     if busy:
@@ -321,8 +361,10 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         )
         config_path = run_dir / "job.json"
         config_path.write_text(cfg.model_dump_json(by_alias=True, exclude_none=True, indent=2))
+        elastic_spec = spec.rollout.autoscale
+        planned = {"rollout": elastic_spec.max_replicas} if elastic_spec is not None else None
         local_pods = pods.expand(
-            manifests, config_path, cfg, process.free_port, gateway=local_gateway, environ=os.environ
+            manifests, config_path, cfg, process.free_port, planned, gateway=local_gateway, environ=os.environ
         )
         local_pods += pods.expand_agents(manifests, cfg, local_gateway, os.environ)
         (run_dir / "pods.json").write_text(pods.describe(local_pods))
@@ -336,6 +378,16 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         if engine_path is not None:
             engine = container_engine(engine_path, run_dir, spec, local_pods, base_env)
         supervisor = Supervisor(local_pods, base_env, run_dir / "logs", out.say, engine)
+        scaler = None
+        if elastic_spec is not None:  # rollouts planned up to maxReplicas, the first `replicas` started
+            scaler = elastic.Elastic(
+                elastic_spec, spec.rollout.replicas, run_dir / RUN_FILE_ENVS["ASYNCRL_PROGRESS_FILE"],
+                supervisor.scale_rollouts, out.say,
+            )  # fmt: skip
+            supervisor.wanted_rollouts = scaler.replicas
+            supervisor.parked = {
+                p.name for p in local_pods if p.role == "rollout" and p.replica >= scaler.replicas
+            }
         supervisor.start_all()
         out.say(
             f"asyncrl: started {', '.join(p.name for p in local_pods)} (logs in {run_dir / 'logs'}); "
@@ -344,7 +396,7 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         if local_gateway is not None and info_path is not None:
             for line in local_gateway.lines(info_path):
                 out.say(line)
-        outcome, detail = _watch(options, spec.max_steps, supervisor, run_dir, stop, out)
+        outcome, detail = _watch(options, spec.max_steps, supervisor, run_dir, stop, out, scaler)
         if outcome == "stopped":
             detail = reason["why"] if stop.is_set() else detail
     finally:
@@ -396,8 +448,10 @@ def _watch(
     run_dir: pathlib.Path,
     stop: threading.Event,
     out: Terminal,
+    scaler: elastic.Elastic | None = None,
 ) -> tuple[str, str]:
-    """Poll until an end condition; append one progress record per poll to metrics.jsonl."""
+    """Poll until an end condition; append one progress record per poll to metrics.jsonl (with the
+    rollout replicas asked for and ready when spec.rollout.autoscale resizes them)."""
     tracker = progress.Tracker(max_steps)
     step_log = progress.StepLog(run_dir / "steps.jsonl")
     started = time.monotonic()
@@ -406,8 +460,14 @@ def _watch(
         while result is None:
             stop.wait(options.poll_interval_s)
             result = supervisor.check()
-            texts = {p.name: progress.scrape(p.metrics_port) for p in supervisor.local_pods if p.metrics_port}
+            running = supervisor.running()
+            texts = {p.name: progress.scrape(p.metrics_port) for p in running if p.metrics_port}
             entry = tracker.record(texts, step_log.read_new())
+            if scaler is not None:
+                rollouts = [p for p in running if p.role == "rollout"]
+                ready = sum(1 for p in rollouts if elastic.ready(p.metrics_port))
+                scaler.poll(ready)
+                entry.update(rolloutReplicasDesired=scaler.replicas, rolloutReplicasReady=ready)
             metrics_log.write(json.dumps(entry) + "\n")
             metrics_log.flush()
             out.status(progress.line(entry))

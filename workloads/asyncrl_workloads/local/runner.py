@@ -468,6 +468,12 @@ def _watch(
                 ready = sum(1 for p in rollouts if elastic.ready(p.metrics_port))
                 scaler.poll(ready)
                 entry.update(rolloutReplicasDesired=scaler.replicas, rolloutReplicasReady=ready)
+                if scaler.samples:  # the decision's signals, as the trainer last reported them
+                    latest = scaler.samples[-1]
+                    entry.update(
+                        trainerWaitFraction=latest.trainer_wait_fraction,
+                        rolloutBlockedFraction=latest.rollout_blocked_fraction,
+                    )
             metrics_log.write(json.dumps(entry) + "\n")
             metrics_log.flush()
             out.status(progress.line(entry))

@@ -161,6 +161,7 @@ class Leader:
             await self._sync(state)
         while not stop.is_set() and (self.settings.max_steps is None or state.step < self.settings.max_steps):
             t0 = time.monotonic()
+            queued_at_ask = self.steplog.queue_depth  # read after the previous step (utilization)
             taken = await self._wait_batch(state, stop)
             if taken is None:
                 break
@@ -192,7 +193,7 @@ class Leader:
                 await self.nc.flush()
             except jetstream.NO_ANSWER:  # the bus is down: the acks wait in the client's buffer
                 log.warning("bus: acks of step %d not confirmed sent; they go out on reconnect", state.step)
-            self.steplog.account(taken, waited, time.monotonic() - t0)
+            self.steplog.account(taken, waited, time.monotonic() - t0, queued_at_ask)
             sync_report = None
             if state.step % self.settings.sync_every_steps == 0:
                 state.version += 1

@@ -71,8 +71,10 @@ class StepLog:
         self.catch_ups: list[dict[str, Any]] = []
         """Catch-up rounds since the last step (reported with the next step)."""
 
-    def account(self, taken: list[inbox.Taken], waited: float, total: float) -> None:
-        """A step's samples were acked: count them (metrics, staleness filter) and the time waited."""
+    def account(self, taken: list[inbox.Taken], waited: float, total: float, queued_at_ask: int = 0) -> None:
+        """A step's samples were acked: count them (metrics, staleness filter), the time waited, and
+        whether the stream already held the whole batch when the step asked (``queued_at_ask``: the queue
+        depth read after the previous step)."""
         m = self.metrics
         m.consumed.inc(len(taken))
         for t in taken:
@@ -80,8 +82,7 @@ class StepLog:
             self.recent_staleness.append(t.staleness)
             self.intake.filter.consume(t.staleness)
         m.trainer_idle.set(waited / total if total > 0 else 0.0)
-        # queue_depth is the last look before this step asked (after the previous step, or while waiting)
-        self.recent_steps.append((waited, total, bool(taken) and self.queue_depth >= len(taken)))
+        self.recent_steps.append((waited, total, bool(taken) and queued_at_ask >= len(taken)))
 
     def utilization(self) -> dict[str, Any] | None:
         """The trainer's wait share and the steps that found their batch queued, over the last steps."""

@@ -34,6 +34,9 @@ Role, RoleBinding, 2 NetworkPolicies (the job's, the trainer's egress), 2 PodDis
 StatefulSets (rollout, trainer, NATS)."""
 
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="module")
 def operator(
     cluster: Any, tmp_path_factory: pytest.TempPathFactory
@@ -561,3 +564,11 @@ def test_autoscale_sizes_the_rollouts_through_the_scale_subresource(cluster, nam
     ) in reasons
     described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
     assert "rollouts held back" in described, described
+    # docs/autoscaling.md's HPA (autoscaling/v2) targeting an AsyncRLJob's /scale: accepted by the real API
+    docs = (REPO / "docs" / "autoscaling.md").read_text()
+    (hpa_text,) = [b for b in docs.split("```yaml\n")[1:] if b.startswith("# hpa\n")]
+    hpa = yaml.safe_load(hpa_text.split("```")[0])
+    hpa["metadata"]["namespace"] = namespace
+    hpa["spec"]["scaleTargetRef"]["name"] = "demo"
+    out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(hpa)).stdout
+    assert "created (server dry run)" in out, out

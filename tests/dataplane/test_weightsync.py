@@ -163,6 +163,24 @@ def test_killed_replica_is_dropped_and_a_restarted_one_joins_next_version(traine
     assert third.checksums[1] == checksum.of(w3)
 
 
+def test_a_stopping_replica_says_bye_and_the_group_shrinks_without_waiting(trainer, peers, port) -> None:
+    """A scale-down (or any stop) SIGTERMs the highest ordinal: it says bye, so the next round leaves it
+    out at once (not dropped at the deadline, no stall) and the group is re-formed without it."""
+    start_peers(port, peers, 0, 1)
+    wait_members(trainer, {0, 1})
+    first = trainer.sync(1, weights(1))
+    assert sorted(first.members) == [0, 1] and [p.next_event("loaded")["version"] for p in peers] == [1, 1]
+    peers[1].signal(signal.SIGTERM)
+    peers[1].next_event("left")
+    assert peers[1].proc.wait(timeout=10) == 0
+    t0 = time.monotonic()
+    second = trainer.sync(2, weights(2))
+    assert time.monotonic() - t0 < TIMEOUT_S / 2, "the round waited for the replica that left"
+    assert second.members == [0] and second.dropped == {}
+    assert second.generation > first.generation and trainer.members() == [0]
+    assert peers[0].next_event("loaded")["version"] == 2
+
+
 def test_replica_frozen_during_broadcast_is_dropped_at_the_deadline(trainer, peers, port) -> None:
     start_peers(port, peers, 0, 1)
     wait_members(trainer, {0, 1})

@@ -4,7 +4,8 @@ tests/dataplane/test_weightsync.py so tests can SIGKILL / SIGSTOP it.
 
     python weightsync_peer.py HOST PORT REPLICA
 
-Prints one JSON line per event to stdout: {"event": "hello"|"loaded"|"failed", ...}.
+Prints one JSON line per event to stdout: {"event": "hello"|"loaded"|"failed"|"left", ...}. SIGTERM
+makes it say bye (``ReplicaLink.leave``, as a stopping rollout does) and exit.
 
 The other side, for tests/dataplane/test_weightsync_gpu.py: trainer rank 0 in a process of its own (so it
 can have a GPU of its own through CUDA_VISIBLE_DEVICES), the job's real sender (``nccl.NcclWeightSender``
@@ -21,6 +22,7 @@ stdout) are the reader's to skip.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 
@@ -32,8 +34,10 @@ def main() -> None:
     host, port, replica_index = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     link = replica.ReplicaLink(host, port, replica_index, connect_timeout=30)
     receiver = None
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda sig, frame: stopping.append(sig))  # as the rollout: bye, then exit
     print(json.dumps({"event": "hello", "incarnation": link.incarnation}), flush=True)
-    while True:
+    while not stopping:
         try:
             plan = link.poll()
         except replica.TrainerUnreachable:
@@ -61,6 +65,8 @@ def main() -> None:
         link.ack(plan, digest, 0.0)
         print(json.dumps({"event": "loaded", "version": plan.version, "generation": roster.generation,
                           "checksum": digest}), flush=True)  # fmt: skip
+    link.leave()
+    print(json.dumps({"event": "left"}), flush=True)
 
 
 def sender_main(job_json: str, model_dir: str) -> None:

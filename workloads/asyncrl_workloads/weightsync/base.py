@@ -21,6 +21,9 @@ One round (one policy version), all keys under ``asyncrl/v<PROTOCOL>/`` of the t
 4. Bucketed broadcast: each bucket is the raw bytes of consecutive tensors, flattened.
 5. Each member applies the weights, then writes ``ack`` (with a checksum). A member that does not
    ack before the deadline is dropped and reported, and the next round forms a new generation.
+6. A replica process that stops (a scale-down, a stop) says ``bye`` (its Hello again, under its own
+   sequence): the trainer unregisters it, ignores its later hellos, and a round waiting for its ready
+   key stops waiting; the next round forms a new generation without it.
 
 Every wait in a round has the same deadline (``timeoutSeconds``), so a dead or frozen rollout costs
 the trainer at most that long; it never hangs.

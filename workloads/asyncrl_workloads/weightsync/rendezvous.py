@@ -36,10 +36,16 @@ TRAINER = PREFIX + "trainer"
 """Incarnation of the trainer process hosting the store (a restarted trainer counts rounds anew)."""
 HELLO_SEQ = PREFIX + "hello_seq"
 PLAN_SEQ = PREFIX + "plan_seq"
+BYE_SEQ = PREFIX + "bye_seq"
 
 
 def hello_key(n: int) -> str:
     return f"{PREFIX}hello/{n}"
+
+
+def bye_key(n: int) -> str:
+    """A replica process that is going away (stopped, scaled down): its Hello, said once more."""
+    return f"{PREFIX}bye/{n}"
 
 
 def plan_key(seq: int) -> str:

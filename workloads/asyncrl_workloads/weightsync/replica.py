@@ -144,6 +144,23 @@ class ReplicaLink:
         except rendezvous.DeadlineExceeded as exc:
             raise TransferFailed(str(exc)) from None
 
+    def leave(self) -> None:
+        """Say bye: this process stops taking part (a stop, a scale-down), so the trainer's next plan
+        leaves it out, and a round that already counts on it stops waiting for it, instead of waiting
+        until the deadline. On a connection of its own (the plan watcher's thread may be inside a call
+        on the link's); best effort and bounded: a trainer that is gone costs at most the connect
+        timeout, and one that misses the bye drops the replica at its deadline as before."""
+        if not self._trainer:
+            return  # never reached the trainer: nothing to leave
+        try:
+            store = rendezvous.connect_store(self.host, self.port, min(self.connect_timeout, 5.0))
+            if rendezvous.read_str(store, rendezvous.TRAINER) == self._trainer:
+                n = store.add(rendezvous.BYE_SEQ, 1)
+                store.set(rendezvous.bye_key(n), base.encode(self.hello))
+                log.info("weight sync: replica %d said bye (incarnation %s)", self.replica, self.incarnation)
+        except (RuntimeError, OSError) as exc:
+            log.info("weight sync: bye not said (%s): the trainer drops this replica at its deadline", exc)
+
     def ack(self, plan: base.Plan, checksum: str, apply_seconds: float) -> None:
         ack = base.Ack(self.replica, self.incarnation, checksum, apply_seconds)
         self._call(lambda store: store.set(rendezvous.ack_key(plan.seq, self.replica), base.encode(ack)))

@@ -46,6 +46,9 @@ class GlooWeightSender(base.WeightSender):
         self.store = rendezvous.host_store(port, self.timeout)
         self.store.set(rendezvous.TRAINER, self.incarnation)
         self._hello_cursor = 0
+        self._bye_cursor = 0
+        self._gone: set[tuple[int, str]] = set()
+        """(replica, incarnation) of processes that said bye: their hellos are ignored."""
         self._registry: dict[int, base.Hello] = {}
         self._seq = 0
         self._generation = 0
@@ -71,12 +74,35 @@ class GlooWeightSender(base.WeightSender):
             except (base.ProtocolError, rendezvous.DeadlineExceeded) as exc:
                 log.warning("weight sync: ignoring hello %d: %s", self._hello_cursor, exc)
                 continue
+            if (hello.replica, hello.incarnation) in self._gone:
+                continue
             if self._registry.get(hello.replica) != hello:
                 log.info(
                     "weight sync: replica %d (incarnation %s) asks to join", hello.replica, hello.incarnation
                 )
             self._registry[hello.replica] = hello
             self._hello_n[hello.replica] = self._hello_cursor
+        self._read_byes()
+
+    def _read_byes(self) -> set[int]:
+        """Unregister the replicas that said bye (ReplicaLink.leave); returns those that left now."""
+        left: set[int] = set()
+        last = rendezvous.read_int(self.store, rendezvous.BYE_SEQ)
+        while self._bye_cursor < last:
+            self._bye_cursor += 1
+            key = rendezvous.bye_key(self._bye_cursor)
+            try:
+                bye = base.decode(rendezvous.get_by(self.store, key, time.monotonic() + 1.0), base.Hello)
+            except (base.ProtocolError, rendezvous.DeadlineExceeded) as exc:
+                log.warning("weight sync: ignoring bye %d: %s", self._bye_cursor, exc)
+                continue
+            self._gone.add((bye.replica, bye.incarnation))
+            registered = self._registry.get(bye.replica)
+            if registered is not None and registered.incarnation == bye.incarnation:
+                del self._registry[bye.replica]
+                left.add(bye.replica)
+                log.info("weight sync: replica %d (incarnation %s) left", bye.replica, bye.incarnation)
+        return left
 
     def members(self) -> list[int]:
         """Replicas currently registered (they take part in the next round)."""
@@ -143,10 +169,12 @@ class GlooWeightSender(base.WeightSender):
         # Phase 1: who is ready (paused, or drained when partialRollout is off)?
         deadline = time.monotonic() + self.timeout
         ready_keys = {m.replica: rendezvous.ready_key(plan.seq, m.replica) for m in candidates}
-        present = rendezvous.wait_keys(self.store, ready_keys.values(), deadline)
+        present, left = self._wait_ready(ready_keys, deadline)
         ready: list[base.Member] = []
         offset = 1
         for m in candidates:
+            if m.replica in left and ready_keys[m.replica] not in present:
+                continue  # said bye after the plan went out: not a failure, nothing to wait for
             if ready_keys[m.replica] not in present:
                 self._drop(report, m.replica, "not ready before the deadline")
             elif bytes(self.store.get(ready_keys[m.replica])).decode() != m.incarnation:
@@ -192,6 +220,20 @@ class GlooWeightSender(base.WeightSender):
             self._acked[m.replica] = (m.incarnation, version)
         report.total_seconds = time.monotonic() - start
         return report
+
+    def _wait_ready(self, keys: dict[int, str], deadline: float) -> tuple[set[str], set[int]]:
+        """Wait for the candidates' ready keys until ``deadline``, no longer for those that say bye
+        meanwhile: (keys present, replicas that left)."""
+        present: set[str] = set()
+        left: set[int] = set()
+        while True:
+            pending = [key for replica, key in keys.items() if key not in present and replica not in left]
+            present |= rendezvous.wait_keys(self.store, pending, min(deadline, time.monotonic() + 0.5))
+            left |= self._read_byes()
+            if all(key in present or replica in left for replica, key in keys.items()):
+                return present, left
+            if time.monotonic() >= deadline:
+                return present, left
 
     def _form(self, roster: base.Roster, deadline: float, report: base.SyncReport) -> bool:
         if self._group is not None:

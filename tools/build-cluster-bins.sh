@@ -10,6 +10,8 @@
 #   gangcrds: the PodGroup CRDs of scheduler-plugins (shipped in sigs.k8s.io/scheduler-plugins) and of
 #     Volcano (generated from volcano.sh/apis by controller-gen, as Volcano's own Makefile does: the
 #     volcano.sh/volcano module that carries the YAML is not served by the proxy)
+#   kedacrds: KEDA's CRDs as its module ships them (github.com/kedacore/keda/v2, config/crd/bases): the
+#     ScaledObject in docs/autoscaling.md is applied against them; KEDA itself is not built
 # Usage: tools/build-cluster-bins.sh [component...]   (default: all); prints the bin dir on success.
 set -euo pipefail
 
@@ -24,6 +26,7 @@ KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0}
 SCHED_PLUGINS_VERSION=${SCHED_PLUGINS_VERSION:-v0.34.1-devel}
 VOLCANO_APIS_VERSION=${VOLCANO_APIS_VERSION:-v1.14.0}
 CONTROLLER_TOOLS_VERSION=${CONTROLLER_TOOLS_VERSION:-v0.20.0}
+KEDA_VERSION=${KEDA_VERSION:-v2.21.0}
 CACHE=${ASYNCRL_CACHE:-$HOME/.cache/asyncrl}
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
@@ -163,7 +166,19 @@ build_gangcrds() {
   rm -rf "$out"; mv "$out.tmp" "$out"
 }
 
-components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm kubescore k8s gangcrds kueue)
+build_kedacrds() {
+  local out="$CACHE/keda-crds-$KEDA_VERSION"
+  [ -f "$out/keda.sh_scaledobjects.yaml" ] && return
+  mkdir -p "$CACHE/src/keda-crds"; cd "$CACHE/src/keda-crds"
+  [ -f go.mod ] || go mod init local.invalid/kedacrds >/dev/null 2>&1
+  local dir; dir=$(module_dir "github.com/kedacore/keda/v2@$KEDA_VERSION") \
+    || die "kedacrds: module github.com/kedacore/keda/v2@$KEDA_VERSION not downloadable"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+  cp "$dir"/config/crd/bases/keda.sh_*.yaml "$out.tmp/"; chmod -R u+w "$out.tmp"
+  rm -rf "$out"; mv "$out.tmp" "$out"
+}
+
+components=("$@"); [ ${#components[@]} -gt 0 ] || components=(etcd kwok helm kubescore k8s gangcrds kueue kedacrds)
 for c in "${components[@]}"; do
   start=$(date +%s)
   ( "build_$c" ) || exit 1

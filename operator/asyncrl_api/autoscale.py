@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pydantic
 
@@ -161,3 +162,37 @@ def decide(
     if target >= current:
         return Decision(current, "Stable" if current == lo else "Stabilizing", _values(latest))
     return Decision(target, "ScaleDown", f"rollouts held back ({_values(latest)} over {window}s)")
+
+
+def replicas_that_fit(
+    nodes: Sequence[Mapping[str, Any]], gpus_per_replica: int, selector: Mapping[str, str]
+) -> int:
+    """How many rollout replicas of ``gpus_per_replica`` GPUs the cluster's nodes can ever hold: per node
+    that is schedulable and carries every ``selector`` label, its allocatable ``nvidia.com/gpu`` divided by
+    ``gpus_per_replica``. An upper bound (taints, other pods and the trainer's own GPUs are not
+    subtracted), so a ``maxReplicas`` above it can never be scheduled; a count at or below it may still
+    wait for room."""
+    total = 0
+    for node in nodes:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if (node.get("spec") or {}).get("unschedulable") or any(
+            labels.get(k) != v for k, v in selector.items()
+        ):
+            continue
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        try:
+            gpus = int(str(allocatable.get("nvidia.com/gpu", "0")))
+        except ValueError:  # a quantity GPUs never take ("1k", "500m"): not a GPU node for us
+            continue
+        total += gpus // gpus_per_replica
+    return total
+
+
+def fit_warning(max_replicas: int, fit: int, gpus_per_replica: int) -> str:
+    """status.autoscale.warning for a maxReplicas the nodes can never hold ("" when they can)."""
+    if max_replicas <= fit:
+        return ""
+    return (
+        f"maxReplicas {max_replicas} can never be scheduled: the nodes matching the rollout's nodeSelector "
+        f"hold at most {fit} replicas of {gpus_per_replica} nvidia.com/gpu"
+    )

@@ -147,6 +147,9 @@ class AutoscaleStatus(base.APIModel):
     """RFC 3339 time of the last change."""
     last_scale_reason: str = pydantic.Field(default="", max_length=1024)
     """Why the last change was made (from, to, the signals)."""
+    warning: str = pydantic.Field(default="", max_length=1024)
+    """Set when maxReplicas is more than the cluster's GPU nodes can ever hold (only a warning: nodes may
+    be added). Needs the operator's read access to nodes (the chart's cluster-wide install grants it)."""
 
 
 class Progress(base.APIModel):

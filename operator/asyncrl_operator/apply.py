@@ -152,6 +152,12 @@ class Client:
         items: list[Body] = result.get("items", [])
         return items
 
+    def list_nodes(self) -> list[Body]:
+        """Every Node (spec.rollout.autoscale's GPU-fit warning; cluster-wide installs only)."""
+        result = self._call("GET", "/api/v1/nodes")
+        items: list[Body] = result.get("items", [])
+        return items
+
     def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
         """Delete (background propagation); with ``uid``, only that incarnation. False if already gone."""
         body: Body = {"propagationPolicy": "Background"}

@@ -26,14 +26,46 @@ log = logging.getLogger(__name__)
 
 HISTORY = 512
 """Samples kept per job (at the default 10 s report interval, over an hour)."""
+FIT_REFRESH_SECONDS = 300.0
+"""How often the nodes are listed again for the GPU-fit warning (nodes come and go slowly)."""
 
 _samples: dict[tuple[str, str], collections.deque[autoscale.Signals]] = {}
 _last_change: dict[tuple[str, str], float] = {}
+_fit: dict[tuple[str, str], tuple[float, tuple[object, ...], str]] = {}
 
 
 def forget(namespace: str, name: str) -> None:
     _samples.pop((namespace, name), None)
     _last_change.pop((namespace, name), None)
+    _fit.pop((namespace, name), None)
+
+
+def _fit_warning(client: apply.Client, key: tuple[str, str], job: models.AsyncRLJob, now: float) -> str:
+    """status.autoscale.warning: maxReplicas against what the GPU nodes can ever hold, listed at most
+    every FIT_REFRESH_SECONDS (or when the inputs change). Without read access to nodes (a namespaced
+    install) or for a CPU rollout there is no warning."""
+    rollout = job.spec.rollout
+    assert rollout.autoscale is not None
+    inputs = (
+        rollout.autoscale.max_replicas,
+        rollout.gpus_per_replica,
+        tuple(sorted(rollout.node_selector.items())),
+    )
+    cached = _fit.get(key)
+    if cached is not None and cached[1] == inputs and now - cached[0] < FIT_REFRESH_SECONDS:
+        return cached[2]
+    warning = ""
+    if rollout.gpus_per_replica > 0:
+        try:
+            nodes = client.list_nodes()
+        except apply.ApiError as exc:
+            if exc.status not in (401, 403):
+                log.warning("%s/%s: nodes not listed for the GPU-fit check: %s", key[0], key[1], exc.status)
+        else:
+            fit = autoscale.replicas_that_fit(nodes, rollout.gpus_per_replica, rollout.node_selector)
+            warning = autoscale.fit_warning(rollout.autoscale.max_replicas, fit, rollout.gpus_per_replica)
+    _fit[key] = (now, inputs, warning)
+    return warning
 
 
 def _observe(key: tuple[str, str], job: models.AsyncRLJob) -> bool:
@@ -57,6 +89,14 @@ def _observe(key: tuple[str, str], job: models.AsyncRLJob) -> bool:
     return True
 
 
+def _event(client: apply.Client, body: apply.Body, kind: str, reason: str, message: str, when: str) -> None:
+    try:
+        client.post_event(body, kind, reason, message, when)
+    except apply.ApiError as exc:  # what it says is in status already; the event is a courtesy
+        meta = body["metadata"]
+        log.warning("%s/%s: event not posted: %s", meta["namespace"], meta["name"], exc.status)
+
+
 def on_job(client: apply.Client, body: apply.Body, job: models.AsyncRLJob, now: float | None = None) -> None:
     """Take the job's latest report as a sample, decide, and act through /scale."""
     spec = job.spec.rollout.autoscale
@@ -71,24 +111,28 @@ def on_job(client: apply.Client, body: apply.Body, job: models.AsyncRLJob, now: 
     decision = autoscale.decide(spec, current, list(_samples.get(key, ())), _last_change.get(key), now)
     old = job.status.autoscale or api_status.AutoscaleStatus()
     new = old.model_copy(
-        update={"desired_replicas": decision.replicas, "reason": decision.reason, "message": decision.message}
+        update={
+            "desired_replicas": decision.replicas,
+            "reason": decision.reason,
+            "message": decision.message,
+            "warning": _fit_warning(client, key, job, now),
+        }
     )
     u = job.status.progress.utilization if job.status.progress is not None else None
     if u is not None:
         new.trainer_wait_fraction = u.trainer_wait_fraction
         new.rollout_blocked_fraction = u.rollout_blocked_fraction
     metrics.set_autoscale(key[0], key[1], decision.replicas, u)
+    when = status.format_time(datetime.datetime.fromtimestamp(now, datetime.UTC))
     if decision.replicas != current:
-        when = status.format_time(datetime.datetime.fromtimestamp(now, datetime.UTC))
         why = f"rollout replicas {current} -> {decision.replicas}: {decision.message}"
         client.scale(key[0], key[1], decision.replicas)
         _last_change[key] = now
         new.last_scale_time, new.last_scale_reason = when, why
         metrics.count_scale(key[0], key[1], "up" if decision.replicas > current else "down")
         log.info("%s/%s: %s", key[0], key[1], why)
-        try:
-            client.post_event(body, "Normal", decision.reason, why, when)
-        except apply.ApiError as exc:  # the change is made and in status; the event is a courtesy
-            log.warning("%s/%s: event not posted: %s", key[0], key[1], exc.status)
+        _event(client, body, "Normal", decision.reason, why, when)
+    if new.warning and new.warning != old.warning:
+        _event(client, body, "Warning", "MaxReplicasUnschedulable", new.warning, when)
     if new != old:
         client.patch_status(key[0], key[1], {"autoscale": new.to_api()})

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from asyncrl_testing import cluster_wait, jobs, operator_proc
+from asyncrl_testing import cluster_wait, gang_bins, jobs, operator_proc
 from asyncrl_testing.operator_proc import bind_storage, condition, get_json, job_status, pods
 from asyncrl_workloads import tinymodel
 
@@ -564,11 +564,38 @@ def test_autoscale_sizes_the_rollouts_through_the_scale_subresource(cluster, nam
     ) in reasons
     described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
     assert "rollouts held back" in described, described
-    # docs/autoscaling.md's HPA (autoscaling/v2) targeting an AsyncRLJob's /scale: accepted by the real API
+    assert (
+        job_status(cluster, namespace, "demo")["autoscale"].get("warning", "") == ""
+    )  # 2 fit the kwok nodes
+    # a maxReplicas the GPU nodes can never hold is accepted, with a warning in status and an Event
+    cluster.kubectl("patch", "arj", "demo", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"rollout":{"autoscale":{"maxReplicas":1000}}}}')  # fmt: skip
+
+    def warned() -> str:
+        _report_utilization(cluster, namespace, "demo", 0.0, 0.0)
+        return str(job_status(cluster, namespace, "demo")["autoscale"].get("warning", ""))
+
+    warning = cluster_wait.wait_until(
+        warned, lambda w: "maxReplicas 1000 can never" in w, "the fit warning", 30
+    )
+    assert "of 1 nvidia.com/gpu" in warning, warning
+    described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
+    assert "MaxReplicasUnschedulable" in described, described
+    # docs/autoscaling.md's HPA (autoscaling/v2) and KEDA ScaledObject (against KEDA's own CRD, from its Go
+    # module) targeting an AsyncRLJob's /scale: accepted by the real API, unknown fields refused (strict)
+    gang_bins.install_keda_crds(cluster)
     docs = (REPO / "docs" / "autoscaling.md").read_text()
-    (hpa_text,) = [b for b in docs.split("```yaml\n")[1:] if b.startswith("# hpa\n")]
-    hpa = yaml.safe_load(hpa_text.split("```")[0])
-    hpa["metadata"]["namespace"] = namespace
-    hpa["spec"]["scaleTargetRef"]["name"] = "demo"
-    out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(hpa)).stdout
-    assert "created (server dry run)" in out, out
+    for heading in ("# hpa\n", "# keda-scaledobject\n"):
+        (text,) = [b for b in docs.split("```yaml\n")[1:] if b.startswith(heading)]
+        obj = yaml.safe_load(text.split("```")[0])
+        obj["metadata"]["namespace"] = namespace
+        obj["spec"]["scaleTargetRef"]["name"] = "demo"
+        out = cluster.kubectl(
+            "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=json.dumps(obj)
+        ).stdout
+        assert "created (server dry run)" in out, (heading, out)
+    typo = {**obj, "spec": {**obj["spec"], "minReplicas": 1}}  # HPA's field name, not KEDA's
+    refused = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=json.dumps(typo), check=False
+    )
+    assert refused.returncode != 0 and "minReplicas" in refused.stderr, refused.stderr

@@ -95,3 +95,21 @@ def test_admission_refuses_nonsense_at_the_field() -> None:
         jobs.make_job("a", "ns", rollout={"autoscale": {"maxReplicas": 3}})
     )
     assert job.spec.rollout.autoscale is not None and job.spec.rollout.autoscale.min_replicas == 1
+
+
+def node(gpus: str, unschedulable: bool = False, **labels: str) -> dict[str, object]:
+    return {"metadata": {"labels": labels}, "spec": {"unschedulable": unschedulable},
+            "status": {"allocatable": {"cpu": "64", "nvidia.com/gpu": gpus}}}  # fmt: skip
+
+
+def test_max_replicas_beyond_what_the_gpu_nodes_hold_is_a_warning() -> None:
+    nodes = [node("8", pool="a"), node("8", pool="b"), node("4", pool="a"), node("8", True, pool="a"),
+             {"metadata": {"labels": {"pool": "a"}}, "status": {"allocatable": {"cpu": "8"}}}]  # fmt: skip
+    assert (
+        autoscale.replicas_that_fit(nodes, 2, {}) == 4 + 4 + 2
+    )  # the cordoned node and the CPU node hold none
+    assert autoscale.replicas_that_fit(nodes, 3, {"pool": "a"}) == 2 + 1  # 8//3 + 4//3, selector respected
+    assert autoscale.replicas_that_fit(nodes, 1, {"pool": "c"}) == 0
+    assert autoscale.fit_warning(10, 10, 2) == ""
+    warning = autoscale.fit_warning(4, 3, 3)
+    assert "maxReplicas 4 can never be scheduled" in warning and "at most 3 replicas of 3" in warning

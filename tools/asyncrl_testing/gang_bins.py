@@ -1,9 +1,10 @@
 """Where the gang-scheduling parts of the test cluster live: Kueue's manager, CRDs and webhook manifests,
-and the PodGroup CRDs of scheduler-plugins and Volcano.
+and the PodGroup CRDs of scheduler-plugins and Volcano; also KEDA's CRDs (the other third-party CRDs the
+tests apply: docs/autoscaling.md's ScaledObject is checked against them).
 
 Called by ``asyncrl_testing.kueue``, tests/cluster/test_gang*.py and test_helm_rbac.py (``kubectl auth
 can-i`` resolves podgroups.<group> only while the CRD is served). The layout and version keys match
-tools/build-cluster-bins.sh (components ``kueue`` and ``gangcrds``), under the same cache as
+tools/build-cluster-bins.sh (components ``kueue``, ``gangcrds`` and ``kedacrds``), under the same cache as
 ``cluster_bins``; each is built only on a miss. A missing one raises ``cluster_bins.MissingBinaries``
 naming the build command, as the control plane's binaries do.
 """
@@ -19,6 +20,7 @@ from asyncrl_testing import cluster_bins
 KUEUE_VERSION = os.environ.get("KUEUE_VERSION", "v0.17.0")
 SCHED_PLUGINS_VERSION = os.environ.get("SCHED_PLUGINS_VERSION", "v0.34.1-devel")
 VOLCANO_APIS_VERSION = os.environ.get("VOLCANO_APIS_VERSION", "v1.14.0")
+KEDA_VERSION = os.environ.get("KEDA_VERSION", "v2.21.0")
 
 COSCHEDULING_CRD = "scheduling.x-k8s.io_podgroups.yaml"
 VOLCANO_CRD = "scheduling.volcano.sh_podgroups.yaml"
@@ -58,3 +60,14 @@ def install_pod_group_crds(c: Any) -> None:
         c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     for group in crds:
         c.kubectl("wait", "--for=condition=Established", f"crd/podgroups.{group}", "--timeout=60s")
+
+
+def install_keda_crds(c: Any) -> None:
+    """Apply KEDA's CRDs (as github.com/kedacore/keda/v2 ships them) to cluster ``c`` and wait until
+    ScaledObjects are served. KEDA's operator and webhook are not run: the objects are checked against
+    the CRDs' schemas only."""
+    path = cluster_bins.cache_dir() / f"keda-crds-{KEDA_VERSION}"
+    if not (path / "keda.sh_scaledobjects.yaml").is_file():
+        raise _missing(path / "keda.sh_scaledobjects.yaml", "kedacrds")
+    c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    c.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")

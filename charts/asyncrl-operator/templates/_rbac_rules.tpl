@@ -4,8 +4,9 @@ kopf handlers), one rule per thing it touches, each with its call sites. Keep in
 apply.py / reconcile.py / handlers.py; tests/cluster/test_helm_rbac.py proves the set sufficient (the
 operator reconciles a job with this ServiceAccount's token) and minimal (`kubectl auth can-i`).
 Deliberately absent: list/watch of secrets (only `get`, below), pods/exec|attach|portforward, deletecollection, escalate, bind,
-impersonate, any cluster-scoped resource (the operator turns off kopf's CRD/namespace discovery
-watches, settings.scanning.disabled; the Deployment restarts the operator when the CRD changes).
+impersonate, any cluster-scoped resource but `list nodes` in a cluster-wide install (the operator turns off
+kopf's CRD/namespace discovery watches, settings.scanning.disabled; the Deployment restarts the operator
+when the CRD changes).
 */}}
 {{- define "asyncrl.rbacRules" -}}
 # kopf lists+watches jobs and patches its progress/diff-base annotations; reconcile.reconcile GETs a
@@ -83,4 +84,12 @@ watches, settings.scanning.disabled; the Deployment restarts the operator when t
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if not .Values.watch.namespaced }}
+# spec.rollout.autoscale's warning when maxReplicas is more than the GPU nodes can ever hold:
+# autoscaler._fit_warning LISTs nodes (apply.Client.list_nodes) at most every 5 minutes. Cluster-scoped,
+# so a namespaced install (a Role) goes without it and without the warning.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
+{{- end }}
 {{- end -}}

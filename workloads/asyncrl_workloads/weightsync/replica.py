@@ -149,11 +149,11 @@ class ReplicaLink:
         leaves it out, and a round that already counts on it stops waiting for it, instead of waiting
         until the deadline. On a connection of its own (the plan watcher's thread may be inside a call
         on the link's); best effort and bounded: a trainer that is gone costs at most the connect
-        timeout, and one that misses the bye drops the replica at its deadline as before."""
+        timeout (2 s at most), and one that misses the bye drops the replica at its deadline as before."""
         if not self._trainer:
             return  # never reached the trainer: nothing to leave
         try:
-            store = rendezvous.connect_store(self.host, self.port, min(self.connect_timeout, 5.0))
+            store = rendezvous.connect_store(self.host, self.port, min(self.connect_timeout, 2.0))
             if rendezvous.read_str(store, rendezvous.TRAINER) == self._trainer:
                 n = store.add(rendezvous.BYE_SEQ, 1)
                 store.set(rendezvous.bye_key(n), base.encode(self.hello))

@@ -58,6 +58,12 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
     # megatron TP=1 ÷ FSDP2: trainer step and the pre-sync gather, 9 ABBA rounds in one process (~1 min)
     "megatron": ([f"{TOOLS}/bench_megatron.py", "--rounds", "9"], "--json"),
+    # elastic rollouts: autoscale 1..2 ÷ the best of fixed 1 and 2, one whole 500-step tiny-cpu run each
+    # (~10 min): 120-step runs (35 s at 3 steps/s) ended before a second engine could load
+    "autoscale": (
+        [f"{TOOLS}/bench_autoscale.py", "--max-replicas", "2", "--steps", "500"],
+        "--json",
+    ),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs
     # (~55 min): 12 left the interval of the median at 0.83-1.08 (samples), ±15% per 30 s window
     "paired": (
@@ -300,6 +306,28 @@ def _megatron_rows(res: dict[str, Any] | None) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def _autoscale_rows(res: dict[str, Any] | None) -> list[list[str]]:
+    """The elastic-rollout benchmark (bench_autoscale.py): autoscale ÷ the best fixed replica count."""
+    what = ("elastic rollouts: `autoscale` 1..N ÷ the best fixed `rollout.replicas` in 1..N on the same job "
+            "(examples/tiny-cpu.yaml), samples/s and trainer busy fraction")  # fmt: skip
+    if not res:
+        return [["Autoscale", what, "", "≥ 0.9 both", ""]]
+    rs, st = res["rounds"], res["settings"]
+    what = what.replace("N", str(st["max_replicas"]))
+    if len(rs) >= 3:
+        interval, verdict = _verdict_ci([min(r["samples_ratio"], r["busy_ratio"] or 0) for r in rs], 0.9)
+    else:
+        ok = res["samples_ratio"] >= 0.9 and res["busy_ratio"] >= 0.9
+        interval, verdict = f"{len(rs)} round(s): no interval", "**pass**" if ok else "**miss**"
+    sides = "; ".join(
+        ", ".join(f"{n} {v['samples_per_s']}/s busy {v['busy']}" for n, v in r["sides"].items()) for r in rs
+    )
+    got = (f"samples/s **{res['samples_ratio']}**, busy **{res['busy_ratio']}** ({interval}); "
+           f"sides: {sides}; {st['steps']} steps, first {st['skip']} left out, "
+           f"scaleUpStabilizationSeconds {st['up_window_s']}, the rest default")  # fmt: skip
+    return [["Autoscale", what, got, "≥ 0.9 both", verdict]]
+
+
 def _verdict_ci(values: list[float], goal: float) -> tuple[str, str]:
     """(interval text, verdict) for a median of paired ratios against a lower bound ``goal``:
     pass or miss only when the whole 95% interval is on one side of it."""
@@ -418,6 +446,8 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         return _judge_rows(res)
     if name == "megatron":
         return _megatron_rows(res)
+    if name == "autoscale":
+        return _autoscale_rows(res)
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:

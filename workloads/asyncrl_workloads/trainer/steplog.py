@@ -70,6 +70,8 @@ class StepLog:
         """(waited, wall time, whole batch already queued) of the last steps: status.progress.utilization."""
         self.catch_ups: list[dict[str, Any]] = []
         """Catch-up rounds since the last step (reported with the next step)."""
+        self.last_wait = 0.0
+        """Seconds the last accounted step waited for its batch (the step log's ``wait_seconds``)."""
 
     def account(self, taken: list[inbox.Taken], waited: float, total: float, queued_at_ask: int = 0) -> None:
         """A step's samples were acked: count them (metrics, staleness filter), the time waited, and
@@ -82,6 +84,7 @@ class StepLog:
             self.recent_staleness.append(t.staleness)
             self.intake.filter.consume(t.staleness)
         m.trainer_idle.set(waited / total if total > 0 else 0.0)
+        self.last_wait = waited
         self.recent_steps.append((waited, total, bool(taken) and queued_at_ask >= len(taken)))
 
     def utilization(self) -> dict[str, Any] | None:
@@ -166,6 +169,7 @@ class StepLog:
             "time": time.time(),
             "version": version,
             **step_metrics,
+            "wait_seconds": round(self.last_wait, 4),  # waiting for the batch (utilization, benchmarks)
             "staleness": [t.staleness for t in taken],
             "ids": [t.trajectory.id for t in taken],
             "rewards": [t.trajectory.reward for t in taken],

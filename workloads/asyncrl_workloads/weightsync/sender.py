@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import torch
@@ -64,16 +64,24 @@ class GlooWeightSender(base.WeightSender):
         log.info("weight sync: store on port %d (trainer incarnation %s)", port, self.incarnation)
 
     # ---- membership ------------------------------------------------------------------------
-    def _read_hellos(self) -> None:
-        last = rendezvous.read_int(self.store, rendezvous.HELLO_SEQ)
-        while self._hello_cursor < last:
-            self._hello_cursor += 1
-            key = rendezvous.hello_key(self._hello_cursor)
+    def _read_since(
+        self, seq_key: str, key_of: Callable[[int], str], cursor: int
+    ) -> tuple[int, list[tuple[int, base.Hello]]]:
+        """The counter ``seq_key`` and the Hellos written under ``key_of(n)`` for n after ``cursor`` up
+        to it, numbered (an unreadable one is logged and skipped)."""
+        out = []
+        last = rendezvous.read_int(self.store, seq_key)
+        for n in range(cursor + 1, last + 1):
             try:
-                hello = base.decode(rendezvous.get_by(self.store, key, time.monotonic() + 1.0), base.Hello)
+                data = rendezvous.get_by(self.store, key_of(n), time.monotonic() + 1.0)
+                out.append((n, base.decode(data, base.Hello)))
             except (base.ProtocolError, rendezvous.DeadlineExceeded) as exc:
-                log.warning("weight sync: ignoring hello %d: %s", self._hello_cursor, exc)
-                continue
+                log.warning("weight sync: ignoring %s: %s", key_of(n), exc)
+        return last, out
+
+    def _read_hellos(self) -> None:
+        last, hellos = self._read_since(rendezvous.HELLO_SEQ, rendezvous.hello_key, self._hello_cursor)
+        for n, hello in hellos:
             if (hello.replica, hello.incarnation) in self._gone:
                 continue
             if self._registry.get(hello.replica) != hello:
@@ -81,21 +89,15 @@ class GlooWeightSender(base.WeightSender):
                     "weight sync: replica %d (incarnation %s) asks to join", hello.replica, hello.incarnation
                 )
             self._registry[hello.replica] = hello
-            self._hello_n[hello.replica] = self._hello_cursor
+            self._hello_n[hello.replica] = n
+        self._hello_cursor = last
         self._read_byes()
 
     def _read_byes(self) -> set[int]:
         """Unregister the replicas that said bye (ReplicaLink.leave); returns those that left now."""
         left: set[int] = set()
-        last = rendezvous.read_int(self.store, rendezvous.BYE_SEQ)
-        while self._bye_cursor < last:
-            self._bye_cursor += 1
-            key = rendezvous.bye_key(self._bye_cursor)
-            try:
-                bye = base.decode(rendezvous.get_by(self.store, key, time.monotonic() + 1.0), base.Hello)
-            except (base.ProtocolError, rendezvous.DeadlineExceeded) as exc:
-                log.warning("weight sync: ignoring bye %d: %s", self._bye_cursor, exc)
-                continue
+        self._bye_cursor, byes = self._read_since(rendezvous.BYE_SEQ, rendezvous.bye_key, self._bye_cursor)
+        for _, bye in byes:
             self._gone.add((bye.replica, bye.incarnation))
             registered = self._registry.get(bye.replica)
             if registered is not None and registered.incarnation == bye.incarnation:

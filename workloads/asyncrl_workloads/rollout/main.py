@@ -308,6 +308,7 @@ async def _generate(
     gateway_key, gateway_sock = checked.gateway_key, checked.gateway_sock
     nc = await _connect(cfg)
     engine = None
+    link: replica_mod.ReplicaLink | None = None
     try:
         js = nc.jetstream()
         streams = jetstream.StreamSettings(
@@ -372,6 +373,8 @@ async def _generate(
         await worker.run(stop, serve=serve)
     finally:
         metrics_mod.READY.clear()
+        if link is not None:  # the process goes: the trainer's next round leaves it out instead of waiting
+            await asyncio.to_thread(link.leave)
         if engine is not None:
             engine.shutdown()
         await nc.close()

@@ -400,8 +400,6 @@ class RolloutWorker:
             if control is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await control
-            if self.link is not None:  # the trainer's next round leaves us out instead of waiting
-                await asyncio.to_thread(self.link.leave)
             if self.validator is not None:
                 await self.validator.close()
         if self.failure is not None:

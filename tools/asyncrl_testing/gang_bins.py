@@ -11,11 +11,12 @@ naming the build command, as the control plane's binaries do.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from typing import Any
 
-from asyncrl_testing import cluster_bins
+from asyncrl_testing import cluster_bins, cluster_wait
 
 KUEUE_VERSION = os.environ.get("KUEUE_VERSION", "v0.17.0")
 SCHED_PLUGINS_VERSION = os.environ.get("SCHED_PLUGINS_VERSION", "v0.34.1-devel")
@@ -59,7 +60,19 @@ def install_pod_group_crds(c: Any) -> None:
     for path in crds.values():
         c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     for group in crds:
-        c.kubectl("wait", "--for=condition=Established", f"crd/podgroups.{group}", "--timeout=60s")
+        wait_established(c, f"podgroups.{group}")
+
+
+def wait_established(c: Any, crd: str, timeout: float = 60.0) -> None:
+    """Until the CRD is served. Not `kubectl wait --for=condition=Established`: on a CRD applied a moment
+    ago, before the apiserver wrote any condition, it fails at once ("<nil> is of the type <nil>"), and so
+    does a jsonpath filter on the conditions."""
+
+    def established() -> bool:
+        conditions = json.loads(c.kubectl("get", "crd", crd, "-o", "json").stdout)["status"].get("conditions")
+        return any(x["type"] == "Established" and x["status"] == "True" for x in conditions or [])
+
+    cluster_wait.wait_until(established, bool, f"CRD {crd} Established", timeout=timeout)
 
 
 def install_keda_crds(c: Any) -> None:
@@ -70,4 +83,4 @@ def install_keda_crds(c: Any) -> None:
     if not (path / "keda.sh_scaledobjects.yaml").is_file():
         raise _missing(path / "keda.sh_scaledobjects.yaml", "kedacrds")
     c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    c.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+    wait_established(c, "scaledobjects.keda.sh")

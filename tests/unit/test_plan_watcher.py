@@ -340,3 +340,15 @@ def test_an_engine_that_cannot_reach_the_store_backs_off_says_so_once_and_stops_
     assert [m.rsplit(" ", 2)[-2] for _, m in said] == ["1", "2", "4"]
     assert [level for level, _ in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
     assert tries[1] - tries[0] >= 1.0 and tries[2] - tries[1] >= 2.0
+
+
+@pytest.mark.parametrize("trickle_s", [None, 0.3], ids=["never-answers", "answers-slowly-forever"])
+def test_saying_bye_to_a_trainer_that_does_not_answer_is_bounded(trickle_s: float | None) -> None:
+    """A stopping rollout's bye (ReplicaLink.leave) to a trainer store that accepts and then never answers,
+    or dribbles a byte every 0.3 s forever (no per-read timeout fires), costs at most its timeout."""
+    with netfaults.deaf_listener(trickle_s) as port:
+        link = replica.ReplicaLink("127.0.0.1", port, replica=0, connect_timeout=1.0)
+        link._trainer = "a-trainer-this-link-reached-before"  # as after a connection (leave needs one)
+        t0 = time.monotonic()
+        link.leave(timeout=1.5)
+        assert time.monotonic() - t0 < 2.5

@@ -33,13 +33,21 @@ def slamming_door() -> int:
 
 
 @contextlib.contextmanager
-def deaf_listener() -> Iterator[int]:
+def deaf_listener(trickle_s: float | None = None) -> Iterator[int]:
     """A local port whose connections are accepted and then never answered (what a frozen process
-    looks like from outside: its kernel completes the handshake and acks what is sent). The
-    connections are closed on exit, which ends any call still waiting on one."""
+    looks like from outside: its kernel completes the handshake and acks what is sent); with
+    ``trickle_s``, answered slowly forever instead: one zero byte per connection every ``trickle_s``
+    seconds, so a per-read socket timeout never fires. The connections are closed on exit, which ends
+    any call still waiting on one."""
     server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
     closing = threading.Event()
+
+    def trickle() -> None:
+        while trickle_s is not None and not closing.wait(trickle_s):
+            for conn in list(held):
+                with contextlib.suppress(OSError):
+                    conn.send(b"\0")
 
     def serve() -> None:
         while not closing.is_set():
@@ -51,6 +59,7 @@ def deaf_listener() -> Iterator[int]:
 
     thread = threading.Thread(target=serve, name="deaf-listener", daemon=True)
     thread.start()
+    threading.Thread(target=trickle, name="deaf-listener-trickle", daemon=True).start()
     try:
         yield int(server.getsockname()[1])
     finally:

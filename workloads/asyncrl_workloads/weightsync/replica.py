@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -20,6 +21,10 @@ from asyncrl_workloads.weightsync import base, rendezvous
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+LEAVE_TIMEOUT_S = 3.0
+"""The most a stopping rollout spends saying bye (ReplicaLink.leave)."""
 
 
 class TrainerUnreachable(ConnectionError):
@@ -144,16 +149,29 @@ class ReplicaLink:
         except rendezvous.DeadlineExceeded as exc:
             raise TransferFailed(str(exc)) from None
 
-    def leave(self) -> None:
+    def leave(self, timeout: float = LEAVE_TIMEOUT_S) -> None:
         """Say bye: this process stops taking part (a stop, a scale-down), so the trainer's next plan
         leaves it out, and a round that already counts on it stops waiting for it, instead of waiting
         until the deadline. On a connection of its own (the plan watcher's thread may be inside a call
-        on the link's); best effort and bounded: a trainer that is gone costs at most the connect
-        timeout (2 s at most), and one that misses the bye drops the replica at its deadline as before."""
+        on the link's), in a daemon thread given ``timeout`` seconds in all: a trainer that is gone,
+        frozen, or answers slowly forever delays the stop by at most that, and one that misses the bye
+        drops the replica at its deadline as before."""
         if not self._trainer:
             return  # never reached the trainer: nothing to leave
+        bye = threading.Thread(
+            target=self._say_bye, args=(timeout,), name="asyncrl-weight-sync-bye", daemon=True
+        )
+        bye.start()
+        bye.join(timeout)
+        if bye.is_alive():
+            log.info(
+                "weight sync: bye not said within %g s: the trainer drops this replica at its deadline",
+                timeout,
+            )
+
+    def _say_bye(self, timeout: float) -> None:
         try:
-            store = rendezvous.connect_store(self.host, self.port, min(self.connect_timeout, 2.0))
+            store = rendezvous.connect_store(self.host, self.port, timeout / 3)
             if rendezvous.read_str(store, rendezvous.TRAINER) == self._trainer:
                 n = store.add(rendezvous.BYE_SEQ, 1)
                 store.set(rendezvous.bye_key(n), base.encode(self.hello))

@@ -25,6 +25,7 @@ not the metrics API: no adapter is needed. Only one controller may own ``spec.ro
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -162,6 +163,29 @@ def decide(
     if target >= current:
         return Decision(current, "Stable" if current == lo else "Stabilizing", _values(latest))
     return Decision(target, "ScaleDown", f"rollouts held back ({_values(latest)} over {window}s)")
+
+
+class History:
+    """One job's samples and last change: what the operator keeps per job and the local runner per run.
+    ``add`` takes a report once (a report seen again is not a new sample); ``decide`` is ``decide``
+    on them; ``changed`` records that a decision was applied."""
+
+    def __init__(self, maxlen: int = 512) -> None:
+        self.samples: collections.deque[Signals] = collections.deque(maxlen=maxlen)
+        self.last_change: float | None = None
+
+    def add(self, sample: Signals) -> bool:
+        """Append ``sample``; False (nothing appended) if it is not newer than the last one."""
+        if self.samples and self.samples[-1].at >= sample.at:
+            return False
+        self.samples.append(sample)
+        return True
+
+    def decide(self, spec: AutoscaleSpec, current: int, now: float) -> Decision:
+        return decide(spec, current, list(self.samples), self.last_change, now)
+
+    def changed(self, now: float) -> None:
+        self.last_change = now
 
 
 def replicas_that_fit(

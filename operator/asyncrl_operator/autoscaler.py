@@ -12,7 +12,6 @@ own status patch does not decide again.
 
 from __future__ import annotations
 
-import collections
 import datetime
 import logging
 import time
@@ -29,14 +28,12 @@ HISTORY = 512
 FIT_REFRESH_SECONDS = 300.0
 """How often the nodes are listed again for the GPU-fit warning (nodes come and go slowly)."""
 
-_samples: dict[tuple[str, str], collections.deque[autoscale.Signals]] = {}
-_last_change: dict[tuple[str, str], float] = {}
+_history: dict[tuple[str, str], autoscale.History] = {}
 _fit: dict[tuple[str, str], tuple[float, tuple[object, ...], str]] = {}
 
 
 def forget(namespace: str, name: str) -> None:
-    _samples.pop((namespace, name), None)
-    _last_change.pop((namespace, name), None)
+    _history.pop((namespace, name), None)
     _fit.pop((namespace, name), None)
 
 
@@ -68,25 +65,23 @@ def _fit_warning(client: apply.Client, key: tuple[str, str], job: models.AsyncRL
     return warning
 
 
-def _observe(key: tuple[str, str], job: models.AsyncRLJob) -> bool:
-    """Append the job's report as a sample; False if it is not a new one."""
+def _observe(history: autoscale.History, job: models.AsyncRLJob) -> bool:
+    """Take the job's report as a sample; False if it is not a new one."""
     progress = job.status.progress
     if progress is None or progress.utilization is None:
         return False
     when = status.parse_time(progress.last_update_time)
     if when is None:
         return False
-    at = when.timestamp()
-    samples = _samples.setdefault(key, collections.deque(maxlen=HISTORY))
-    if samples and samples[-1].at >= at:
-        return False  # the same report again (another status field changed)
     u = progress.utilization
-    samples.append(
+    return history.add(
         autoscale.Signals(
-            at, u.trainer_wait_fraction, u.rollout_blocked_fraction, job.status.rollout.ready_replicas
+            when.timestamp(),
+            u.trainer_wait_fraction,
+            u.rollout_blocked_fraction,
+            job.status.rollout.ready_replicas,
         )
     )
-    return True
 
 
 def _event(client: apply.Client, body: apply.Body, kind: str, reason: str, message: str, when: str) -> None:
@@ -106,9 +101,10 @@ def on_job(client: apply.Client, body: apply.Body, job: models.AsyncRLJob, now: 
     key = (meta["namespace"], meta["name"])
     now = time.time() if now is None else now
     current = job.spec.rollout.replicas
-    if not _observe(key, job) and spec.min_replicas <= current <= spec.max_replicas:
+    history = _history.setdefault(key, autoscale.History(HISTORY))
+    if not _observe(history, job) and spec.min_replicas <= current <= spec.max_replicas:
         return  # decide once per trainer report: this event is our own status patch or another change
-    decision = autoscale.decide(spec, current, list(_samples.get(key, ())), _last_change.get(key), now)
+    decision = history.decide(spec, current, now)
     old = job.status.autoscale or api_status.AutoscaleStatus()
     new = old.model_copy(
         update={
@@ -127,7 +123,7 @@ def on_job(client: apply.Client, body: apply.Body, job: models.AsyncRLJob, now: 
     if decision.replicas != current:
         why = f"rollout replicas {current} -> {decision.replicas}: {decision.message}"
         client.scale(key[0], key[1], decision.replicas)
-        _last_change[key] = now
+        history.changed(now)
         new.last_scale_time, new.last_scale_reason = when, why
         metrics.count_scale(key[0], key[1], "up" if decision.replicas > current else "down")
         log.info("%s/%s: %s", key[0], key[1], why)

@@ -6,13 +6,13 @@ ordinals are) and starts the first ``replicas`` of them. Each poll, ``Elastic.po
 report (the progress file: status.progress.utilization with lastUpdateTime, as on a cluster) as a sample
 when it is new, counts the started rollouts whose /readyz answers 200 (the engine serves), and asks for a
 decision; a change starts the next ordinals or SIGTERMs the highest ones (a rollout aborts or publishes
-whole its in-flight groups on SIGTERM, and weight sync drops a member that is gone, as on a scale-down
-of the StatefulSet).
+whole its in-flight groups on SIGTERM, then says bye to weight sync, as on a scale-down of the
+StatefulSet).
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import datetime
 import json
 import pathlib
@@ -59,23 +59,17 @@ class Elastic:
     ) -> None:
         self.spec, self.progress_file, self.scale, self.say = spec, progress_file, scale, say
         self.replicas = min(max(replicas, spec.min_replicas), spec.max_replicas)
-        self.samples: collections.deque[autoscale.Signals] = collections.deque(maxlen=512)
-        self.last_change: float | None = None
+        self.history = autoscale.History()
         self.last: autoscale.Decision | None = None
         self.changes: list[dict[str, object]] = []
 
     def poll(self, ready_replicas: int, now: float | None = None) -> autoscale.Decision | None:
         """One sample (if the trainer reported since the last) and, with it, a decision applied at once."""
         sample = read_report(self.progress_file)
-        if sample is None or (self.samples and self.samples[-1].at >= sample.at):
+        if sample is None or not self.history.add(dataclasses.replace(sample, ready_replicas=ready_replicas)):
             return None
-        self.samples.append(
-            autoscale.Signals(
-                sample.at, sample.trainer_wait_fraction, sample.rollout_blocked_fraction, ready_replicas
-            )  # fmt: skip
-        )
         now = time.time() if now is None else now
-        decision = autoscale.decide(self.spec, self.replicas, list(self.samples), self.last_change, now)
+        decision = self.history.decide(self.spec, self.replicas, now)
         self.last = decision
         if decision.replicas != self.replicas:
             change = f"rollout replicas {self.replicas} -> {decision.replicas}"
@@ -83,6 +77,7 @@ class Elastic:
             self.changes.append(
                 {"time": now, "from": self.replicas, "to": decision.replicas, "reason": decision.reason}
             )
-            self.replicas, self.last_change = decision.replicas, now
+            self.replicas = decision.replicas
+            self.history.changed(now)
             self.scale(decision.replicas)
         return decision

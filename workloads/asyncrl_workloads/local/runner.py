@@ -468,8 +468,8 @@ def _watch(
                 ready = sum(1 for p in rollouts if elastic.ready(p.metrics_port))
                 scaler.poll(ready)
                 entry.update(rolloutReplicasDesired=scaler.replicas, rolloutReplicasReady=ready)
-                if scaler.samples:  # the decision's signals, as the trainer last reported them
-                    latest = scaler.samples[-1]
+                if scaler.history.samples:  # the decision's signals, as the trainer last reported them
+                    latest = scaler.history.samples[-1]
                     entry.update(
                         trainerWaitFraction=latest.trainer_wait_fraction,
                         rolloutBlockedFraction=latest.rollout_blocked_fraction,

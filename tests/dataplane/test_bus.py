@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
 
 import nats
@@ -288,6 +289,43 @@ def test_a_held_sample_discarded_by_the_server_is_not_counted_as_dropped(nats_se
     assert jetstream.queue_full_drops(while_held, acked_total=0) == 3  # naive: would count the held ones
     assert jetstream.queue_full_drops(while_held, acked_total=0, held_seqs=seqs) == 0
     assert jetstream.queue_full_drops(after, acked_total=3) == 2
+
+
+def test_a_sample_buffered_in_the_client_and_discarded_by_the_server_is_not_counted_as_dropped(nats_server):
+    """The trainer's pull was answered after its timeout, so the server delivered 3 samples that wait in
+    the client's buffer for the next fetch; 3 more publishes push them out of a 3-message stream. They are
+    not lost (the next fetch returns them), yet neither the batcher nor the loop holds them: counted as
+    queue_full, the trainer's counter (which keeps its highest value) overcounted for good (issue 35: 59
+    counted, 0 lost). ``Consumer.buffered_seqs`` tells them."""
+
+    async def scenario():
+        settings = jetstream.StreamSettings("test", "buffered", max_size=3, when_full="dropOldest")
+        nc, js = await _connect(nats_server.url, settings)
+        pub = jetstream.Publisher(js, settings)
+        for i in range(3):
+            await pub.publish(make(i))
+        consumer = jetstream.Consumer(js, settings)
+        await consumer.open()
+        psub = consumer._sub  # a pull request no fetch waits for: what a timed-out fetch leaves behind
+        await nc.publish(psub._nms, json.dumps({"batch": 3}).encode(), psub._deliver)
+        for _ in range(100):
+            if len(consumer.buffered_seqs()) == 3:
+                break
+            await asyncio.sleep(0.02)
+        buffered = consumer.buffered_seqs()
+        for i in range(3, 6):
+            await pub.publish(make(i))
+        state = await consumer.state()
+        fetched = await consumer.fetch(3, 1.0)
+        await nc.close()
+        return buffered, state, fetched
+
+    buffered, state, fetched = asyncio.run(scenario())
+    assert buffered == [1, 2, 3]
+    assert (state.first_seq, state.last_seq, state.messages) == (4, 6, 3)
+    assert jetstream.queue_full_drops(state, acked_total=0) == 3  # without the buffer: an overcount
+    assert jetstream.queue_full_drops(state, acked_total=0, held_seqs=buffered) == 0
+    assert [r.stream_seq for r in fetched][:3] == [1, 2, 3]  # the next fetch returns them: not lost
 
 
 class RestartableNats:

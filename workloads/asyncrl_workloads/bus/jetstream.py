@@ -332,11 +332,13 @@ def queue_full_drops(state: QueueState, acked_total: int, held_seqs: Iterable[in
 
     Every stored message (last_seq of them) is in the stream, was acked by the trainer, or was discarded
     by the max_msgs limit; `acked_total` must count every ack the trainer ever sent, across restarts
-    (the ledger persists it). A message the trainer holds unacked (`held_seqs`, its stream sequences)
-    and the server has discarded meanwhile (discard old removes from the head: seq < first_seq) is not
-    lost - it will be trained and acked - so it is not counted; the count never has to go down.
+    (the ledger persists it). A message the trainer holds unacked (`held_seqs`, its stream sequences:
+    the batcher's and the client's buffer's, `Consumer.buffered_seqs`) and the server has discarded
+    meanwhile (discard old removes from the head: seq < first_seq) is not lost - it will be trained and
+    acked - so it is not counted. The caller keeps the highest count seen, so a count must never be too
+    high, even for a moment.
     """
-    held_discarded = sum(1 for seq in held_seqs if 0 < seq < state.first_seq)
+    held_discarded = sum(1 for seq in set(held_seqs) if 0 < seq < state.first_seq)
     return max(state.last_seq - state.messages - acked_total - held_discarded, 0)
 
 
@@ -420,6 +422,14 @@ class Consumer:
             except codec.CodecError as exc:
                 out.append(Received(msg, None, str(exc), deliveries, seq, self.stream_created))
         return out
+
+    def buffered_seqs(self) -> list[int]:
+        """Stream sequences of the messages the server delivered that wait in the client's buffer for
+        the next fetch (a pull whose timeout passed before they arrived leaves them there): held, not
+        lost. Read from nats-py's pending queue: its public `pending_msgs` only counts, and counts the
+        status messages of expired pulls too (their reply is no ack subject: sequence 0, left out)."""
+        queue = getattr(getattr(self._sub, "_sub", None), "_pending_queue", None)
+        return [seq for msg in list(getattr(queue, "_queue", ())) if (seq := delivery(msg.reply)[1])]
 
     async def ack(self, received: Received) -> None:
         """Ack a pulled message, unless its stream is gone (NATS came back without its store): an ack

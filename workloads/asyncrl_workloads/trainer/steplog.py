@@ -118,6 +118,7 @@ class StepLog:
         led = self.intake.ledger
         handles = self.intake.batcher.handles()
         held = [r.stream_seq for r in handles if r.stream == state.created]
+        held += self.intake.consumer.buffered_seqs()  # received by the client, not fetched by the loop yet
         current = jetstream.queue_full_drops(state, led.acked_in_stream(), held)
         if current > led.queue_full_current:  # never has to go down
             led.queue_full_current = current

@@ -181,6 +181,40 @@ def test_a_stopping_replica_says_bye_and_the_group_shrinks_without_waiting(train
     assert peers[0].next_event("loaded")["version"] == 2
 
 
+def test_a_member_that_says_bye_before_its_ack_is_not_waited_for(trainer, port) -> None:
+    """A member stopped after the broadcast and before its ack (a rollout SIGTERMed while it reloads)
+    says bye: the round stops waiting for its ack at once and does not count it dropped."""
+    from asyncrl_workloads.weightsync import receiver as receiver_mod
+    from asyncrl_workloads.weightsync import replica
+
+    link = replica.ReplicaLink("127.0.0.1", port, 0, connect_timeout=10)
+    received: list[int] = []
+
+    def member() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            plan = link.poll()
+            if plan is None or not plan.includes(link.replica, link.incarnation):
+                time.sleep(0.01)
+                continue
+            receiver = receiver_mod.connect("127.0.0.1", port, 0, link.incarnation, 10)
+            link.ready(plan)
+            received.append(len(receiver.receive(plan, link.roster(plan), 0)))
+            link.leave()  # no ack: the process goes
+            return
+
+    thread = threading.Thread(target=member, daemon=True)
+    thread.start()
+    wait_members(trainer, {0})
+    t0 = time.monotonic()
+    report = trainer.sync(1, weights(1))
+    assert time.monotonic() - t0 < TIMEOUT_S / 2, "the round waited for the ack of a replica that left"
+    thread.join(10)
+    assert received and received[0] > 0  # it was a member and got the weights
+    assert report.members == [] and report.dropped == {}, report
+    assert trainer.members() == []
+
+
 def test_replica_frozen_during_broadcast_is_dropped_at_the_deadline(trainer, peers, port) -> None:
     start_peers(port, peers, 0, 1)
     wait_members(trainer, {0, 1})

@@ -125,6 +125,8 @@ class RolloutWorker:
         self._started_at = time.monotonic()
         self.failure: BaseException | None = None
         self._engine_epoch = 0
+        self._round: base.Plan | None = None
+        """The weight update this replica is taking part in (a stop finishes it before leaving)."""
 
     # ---- generation loop -------------------------------------------------------------------
     def _next_record(self) -> Mapping[str, Any]:
@@ -359,6 +361,7 @@ class RolloutWorker:
             if plan is not None and plan.version > self.engine.version:
                 if plan.includes(link.replica, link.incarnation):
                     self.admission.joined(plan)
+                    self._round = plan
                     try:
                         record = await updater.apply(plan)
                     except base.EngineUnusable as exc:  # half-loaded weights: stop, the pod restarts
@@ -368,6 +371,8 @@ class RolloutWorker:
                             self.stats.updates.append(record)
                             if self.validator is not None:
                                 self.validator.loaded(self.engine.version)
+                    finally:
+                        self._round = None
                 else:
                     paused = self.admission.left_out(plan, self.engine.version)
                     log.info(
@@ -393,7 +398,13 @@ class RolloutWorker:
         finally:
             # The plan watcher may be inside a store call (seconds against a store going down; see
             # PlanWatcher.close): cancelling the control loop closes it without waiting; the
-            # interpreter joins its thread at exit, while the engine shuts down.
+            # interpreter joins its thread at exit, while the engine shuts down. A round this replica
+            # is taking part in is finished first (bounded by the round's own deadline): leaving in the
+            # middle of the broadcast would fail it for every other member too.
+            if control is not None and self._round is not None and not control.done():
+                log.info("stopping: finishing the weight update to v%d first", self._round.version)
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(control), self._round.timeout_seconds)
             for task in (watch, control):
                 if task is not None:
                     task.cancel()

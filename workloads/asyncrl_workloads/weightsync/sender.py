@@ -208,12 +208,14 @@ class GlooWeightSender(base.WeightSender):
             self._close_group()
         report.transfer_seconds = time.monotonic() - t0
 
-        # Phase 3: acks (each member loaded the weights); missing ones are dropped.
+        # Phase 3: acks (each member loaded the weights); missing ones are dropped, except from members
+        # that said bye during the round (a rollout stopping mid-broadcast): no wait for them either.
         ack_keys = {m.replica: rendezvous.ack_key(plan.seq, m.replica) for m in members}
-        present = rendezvous.wait_keys(self.store, ack_keys.values(), max(deadline, time.monotonic() + 1.0))
+        present, left = self._wait_ready(ack_keys, max(deadline, time.monotonic() + 1.0), left)
         for m in members:
             if ack_keys[m.replica] not in present:
-                self._drop(report, m.replica, "no ack before the deadline")
+                if m.replica not in left:
+                    self._drop(report, m.replica, "no ack before the deadline")
                 self._close_group()
                 continue
             ack = base.decode(bytes(self.store.get(ack_keys[m.replica])), base.Ack)
@@ -223,11 +225,13 @@ class GlooWeightSender(base.WeightSender):
         report.total_seconds = time.monotonic() - start
         return report
 
-    def _wait_ready(self, keys: dict[int, str], deadline: float) -> tuple[set[str], set[int]]:
-        """Wait for the candidates' ready keys until ``deadline``, no longer for those that say bye
-        meanwhile: (keys present, replicas that left)."""
+    def _wait_ready(
+        self, keys: dict[int, str], deadline: float, left_before: Collection[int] = ()
+    ) -> tuple[set[str], set[int]]:
+        """Wait for the replicas' keys (ready or ack) until ``deadline``, no longer for those that said
+        bye meanwhile or earlier in the round (``left_before``): (keys present, replicas that left)."""
         present: set[str] = set()
-        left: set[int] = set()
+        left: set[int] = set(left_before)
         while True:
             pending = [key for replica, key in keys.items() if key not in present and replica not in left]
             present |= rendezvous.wait_keys(self.store, pending, min(deadline, time.monotonic() + 0.5))

@@ -19,7 +19,15 @@ and with every replica ready (HPA also ignores unready pods' metrics); a new rol
 engine for minutes and joins weight sync at the next version, and until then the trainer's wait says
 nothing about the new size; (2) scale-down is one replica per change whatever the surplus: an over-sized
 fleet shows up as a blocked one, which does not say by how much; (3) the metric is the job's own report,
-not the metrics API: no adapter is needed. Only one controller may own ``spec.rollout.replicas``: with
+not the metrics API: no adapter is needed; (4) *a scale-up must pay*: HPA assumes a replica adds
+capacity, but a rollout replica that shares what the trainer runs on (cores, a node's memory bandwidth,
+the bus) can lower what the trainer consumes while its wait share still says "starved". So a scale-up is
+on probation: once a scale-up window of samples with every new replica ready is covered, the trainer's
+consumed samples/s over it is compared with the window that decided the scale-up; below
+``minScaleUpGain`` more, the scale-up is undone (reason ScaleUpUndone) and the fleet is held below that
+count for ``scaleUpRetrySeconds`` (reason AtCeiling), so it does not scale up again at once.
+
+Only one controller may own ``spec.rollout.replicas``: with
 ``autoscale`` set, do not also point an HPA or a KEDA ScaledObject at the job (docs/autoscaling.md).
 """
 
@@ -70,6 +78,12 @@ class AutoscaleSpec(base.APIModel):
     """A scale-down needs this long of samples and takes the highest recommendation among them."""
     max_step: int = pydantic.Field(default=1, ge=1, le=64)
     """At most this many replicas added per change (removals are one at a time)."""
+    min_scale_up_gain: float | None = pydantic.Field(default=0.05, ge=0.0, le=10.0)
+    """A scale-up is kept only if the samples the trainer consumes per second rose by at least this share
+    (0.05: 5%) over a scale-up window with every new replica ready, against the window that decided it;
+    otherwise it is undone. null: never undone (HPA's behaviour)."""
+    scale_up_retry_seconds: int = pydantic.Field(default=1800, ge=0, le=86400)
+    """After a scale-up was undone, the fleet stays below that count for this long."""
 
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> AutoscaleSpec:
@@ -89,6 +103,8 @@ class Signals:
     """Share of the trainer's recent steps whose whole batch was already queued (0..1)."""
     ready_replicas: int
     """Rollout replicas ready when the report was taken."""
+    samples_per_second: float | None = None
+    """Samples the trainer consumed per second over its recent steps (None: not reported)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +112,32 @@ class Decision:
     replicas: int
     """Desired rollout replicas."""
     reason: str
-    """ScaleUp, ScaleDown, Stable, Stabilizing, WaitingForReplicas, BelowMin, AboveMax, NoSignals."""
+    """ScaleUp, ScaleDown, ScaleUpUndone, Stable, Stabilizing, Judging, AtCeiling, WaitingForReplicas,
+    BelowMin, AboveMax, NoSignals."""
     message: str
     """What was decided and from which values: for events and kubectl describe."""
+    baseline: float | None = None
+    """A ScaleUp's consumed samples/s over the window that decided it (its probation compares with it)."""
+    judged: str | None = None
+    """"kept" or "undone" when this decision judged the scale-up on probation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Probation:
+    """A scale-up not judged yet (see the module's point 4)."""
+
+    before: int
+    after: int
+    baseline: float | None
+    """Consumed samples/s over the window that decided it (None: the trainer did not report it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceiling:
+    """After an undone scale-up: at most ``replicas`` until ``until`` (time.time())."""
+
+    replicas: int
+    until: float
 
 
 def recommend(spec: AutoscaleSpec, current: int, s: Signals) -> int:
@@ -115,14 +154,50 @@ def _values(s: Signals) -> str:
     return f"trainer wait {s.trainer_wait_fraction:.2f}, rollouts blocked {s.rollout_blocked_fraction:.2f}"
 
 
+def _rate(samples: Sequence[Signals]) -> float | None:
+    rates = [s.samples_per_second for s in samples if s.samples_per_second is not None]
+    return sum(rates) / len(rates) if rates else None
+
+
+def _judge(
+    spec: AutoscaleSpec, current: int, ready: Sequence[Signals], probation: Probation, now: float
+) -> Decision | None:
+    """The scale-up on probation: a Judging decision while its window is not covered, ScaleUpUndone if
+    consumed samples/s did not rise by minScaleUpGain, else None (kept: the caller decides as usual)."""
+    gain, window = spec.min_scale_up_gain, spec.scale_up_stabilization_seconds
+    assert gain is not None
+    covered = now - ready[0].at
+    if covered < window:
+        return Decision(
+            current,
+            "Judging",
+            f"{_values(ready[-1])}; the scale-up to {current} is judged over {window}s with every replica "
+            f"ready ({covered:.0f}s observed)",
+        )
+    rate = _rate([s for s in ready if s.at >= now - window])
+    if rate is None or probation.baseline is None or rate >= probation.baseline * (1.0 + gain):
+        return None
+    return Decision(
+        probation.before,
+        "ScaleUpUndone",
+        f"consumed samples/s {rate:.1f} with {current} replicas against {probation.baseline:.1f} with "
+        f"{probation.before}, not the {gain:.0%} more minScaleUpGain asks: back to {probation.before}, "
+        f"and no more than that for {spec.scale_up_retry_seconds}s",
+        judged="undone",
+    )
+
+
 def decide(
     spec: AutoscaleSpec,
     current: int,
     history: Sequence[Signals],
     last_change_at: float | None,
     now: float,
+    probation: Probation | None = None,
+    ceiling: Ceiling | None = None,
 ) -> Decision:
-    """The desired rollout replicas given ``history`` (oldest first) and the last change's time."""
+    """The desired rollout replicas given ``history`` (oldest first), the last change's time, the
+    scale-up on probation and the ceiling an undone one left (``History`` keeps them)."""
     lo, hi = spec.min_replicas, spec.max_replicas
     if current < lo:
         return Decision(lo, "BelowMin", f"{current} replicas is below minReplicas {lo}")
@@ -140,8 +215,34 @@ def decide(
     while first_ready > 0 and since[first_ready - 1].ready_replicas >= current:
         first_ready -= 1
     ready = since[first_ready:]  # the trailing run of samples with every replica ready
+    kept = ""
+    if probation is not None and probation.after == current and spec.min_scale_up_gain is not None:
+        judged = _judge(spec, current, ready, probation, now)
+        if judged is not None:
+            return judged
+        kept = f"; the scale-up to {current} is kept"
+    decision = _decide_ready(spec, current, ready, now, ceiling)
+    if probation is not None and probation.after == current and spec.min_scale_up_gain is not None:
+        return dataclasses.replace(decision, message=decision.message + kept, judged="kept")
+    return decision
+
+
+def _decide_ready(
+    spec: AutoscaleSpec, current: int, ready: Sequence[Signals], now: float, ceiling: Ceiling | None
+) -> Decision:
+    """``decide`` once every replica is ready and no scale-up waits to be judged."""
+    lo, hi, latest = spec.min_replicas, spec.max_replicas, ready[-1]
     asked = recommend(spec, current, latest)
     wanted = min(max(asked, lo), hi)
+    if ceiling is not None and now < ceiling.until and wanted > max(ceiling.replicas, current):
+        hi = wanted = max(ceiling.replicas, current)  # never below current: a count set by hand stays
+        if wanted == current:
+            return Decision(
+                current,
+                "AtCeiling",
+                f"{_values(latest)}; held at {current}: a scale-up above it did not pay "
+                f"({ceiling.until - now:.0f}s left)",
+            )
     if wanted == current:
         bound = f" (at {'max' if asked > hi else 'min'}Replicas {current})" if asked != current else ""
         return Decision(current, "Stable", _values(latest) + bound)
@@ -158,7 +259,10 @@ def decide(
         target = min(min(recs), current + spec.max_step, hi)
         if target <= current:
             return Decision(current, "Stabilizing", f"{_values(latest)}; not starved for the whole window")
-        return Decision(target, "ScaleUp", f"trainer starved ({_values(latest)} over {window}s)")
+        baseline = _rate([s for s in ready if s.at >= now - window])
+        return Decision(
+            target, "ScaleUp", f"trainer starved ({_values(latest)} over {window}s)", baseline=baseline
+        )
     target = max(max(recs), current - 1, lo)
     if target >= current:
         return Decision(current, "Stable" if current == lo else "Stabilizing", _values(latest))
@@ -166,13 +270,15 @@ def decide(
 
 
 class History:
-    """One job's samples and last change: what the operator keeps per job and the local runner per run.
-    ``add`` takes a report once (a report seen again is not a new sample); ``decide`` is ``decide``
-    on them; ``changed`` records that a decision was applied."""
+    """One job's samples, last change, scale-up on probation and ceiling: what the operator keeps per job
+    and the local runner per run. ``add`` takes a report once (a report seen again is not a new sample);
+    ``decide`` is ``decide`` on them; ``applied`` records a decision that was acted on."""
 
     def __init__(self, maxlen: int = 512) -> None:
         self.samples: collections.deque[Signals] = collections.deque(maxlen=maxlen)
         self.last_change: float | None = None
+        self.probation: Probation | None = None
+        self.ceiling: Ceiling | None = None
 
     def add(self, sample: Signals) -> bool:
         """Append ``sample``; False (nothing appended) if it is not newer than the last one."""
@@ -182,10 +288,21 @@ class History:
         return True
 
     def decide(self, spec: AutoscaleSpec, current: int, now: float) -> Decision:
-        return decide(spec, current, list(self.samples), self.last_change, now)
+        return decide(spec, current, list(self.samples), self.last_change, now, self.probation, self.ceiling)
 
-    def changed(self, now: float) -> None:
+    def applied(self, spec: AutoscaleSpec, current: int, decision: Decision, now: float) -> None:
+        """``decision`` (taken at ``current`` replicas) was acted on: a change moves the window's start,
+        a scale-up goes on probation, an undone one leaves a ceiling."""
+        if decision.judged is not None:
+            self.probation = None
+        if decision.judged == "undone":
+            self.ceiling = Ceiling(decision.replicas, now + spec.scale_up_retry_seconds)
+        if decision.replicas == current:
+            return
         self.last_change = now
+        self.probation = (
+            Probation(current, decision.replicas, decision.baseline) if decision.replicas > current else None
+        )
 
 
 def replicas_that_fit(

@@ -128,6 +128,8 @@ class Utilization(base.APIModel):
     rollouts ran ahead, so the staleness bound or the full queue held them back."""
     steps: int = pydantic.Field(default=0, ge=0)
     """Steps these shares cover."""
+    samples_per_second: float | None = pydantic.Field(default=None, ge=0.0)
+    """Samples trained per second over those steps (wall time): a scale-up must raise it."""
 
 
 class AutoscaleStatus(base.APIModel):
@@ -136,13 +138,20 @@ class AutoscaleStatus(base.APIModel):
     desired_replicas: int = pydantic.Field(default=0, ge=0)
     """The rollout replicas it asks for."""
     reason: str = pydantic.Field(default="", max_length=64)
-    """ScaleUp, ScaleDown, Stable, Stabilizing, WaitingForReplicas, BelowMin, AboveMax, NoSignals."""
+    """ScaleUp, ScaleDown, ScaleUpUndone, Stable, Stabilizing, Judging, AtCeiling, WaitingForReplicas,
+    BelowMin, AboveMax, NoSignals."""
     message: str = pydantic.Field(default="", max_length=1024)
     """The decision with the signal values it came from."""
     trainer_wait_fraction: float | None = None
     """The signal last seen (status.progress.utilization)."""
     rollout_blocked_fraction: float | None = None
     """The signal last seen (status.progress.utilization)."""
+    samples_per_second: float | None = None
+    """The signal last seen (status.progress.utilization): what a scale-up must raise."""
+    ceiling_replicas: int | None = None
+    """After an undone scale-up: the most replicas until ceilingUntil."""
+    ceiling_until: str | None = None
+    """RFC 3339 time the ceiling ends."""
     last_scale_time: str | None = None
     """RFC 3339 time of the last change."""
     last_scale_reason: str = pydantic.Field(default="", max_length=1024)

@@ -80,6 +80,7 @@ def _observe(history: autoscale.History, job: models.AsyncRLJob) -> bool:
             u.trainer_wait_fraction,
             u.rollout_blocked_fraction,
             job.status.rollout.ready_replicas,
+            u.samples_per_second,
         )
     )
 
@@ -118,16 +119,23 @@ def on_job(client: apply.Client, body: apply.Body, job: models.AsyncRLJob, now: 
     if u is not None:
         new.trainer_wait_fraction = u.trainer_wait_fraction
         new.rollout_blocked_fraction = u.rollout_blocked_fraction
+        new.samples_per_second = u.samples_per_second
     metrics.set_autoscale(key[0], key[1], decision.replicas, u)
     when = status.format_time(datetime.datetime.fromtimestamp(now, datetime.UTC))
     if decision.replicas != current:
         why = f"rollout replicas {current} -> {decision.replicas}: {decision.message}"
         client.scale(key[0], key[1], decision.replicas)
-        history.changed(now)
         new.last_scale_time, new.last_scale_reason = when, why
         metrics.count_scale(key[0], key[1], "up" if decision.replicas > current else "down")
         log.info("%s/%s: %s", key[0], key[1], why)
         _event(client, body, "Normal", decision.reason, why, when)
+    history.applied(spec, current, decision, now)  # after /scale took it (a refused scale decides again)
+    ceiling = history.ceiling
+    if ceiling is not None and ceiling.until > now:
+        new.ceiling_replicas = ceiling.replicas
+        new.ceiling_until = status.format_time(datetime.datetime.fromtimestamp(ceiling.until, datetime.UTC))
+    else:
+        new.ceiling_replicas = new.ceiling_until = None
     if new.warning and new.warning != old.warning:
         _event(client, body, "Warning", "MaxReplicasUnschedulable", new.warning, when)
     if new != old:

@@ -63,13 +63,19 @@ AUTOSCALE_BLOCKED = prometheus_client.Gauge(
     _JOB,
     registry=REGISTRY,
 )
+AUTOSCALE_RATE = prometheus_client.Gauge(
+    "asyncrl_autoscale_samples_per_second",
+    "spec.rollout.autoscale's signal: samples the trainer consumed per second over its recent steps.",
+    _JOB,
+    registry=REGISTRY,
+)
 AUTOSCALE_CHANGES = prometheus_client.Counter(
     "asyncrl_autoscale_changes",
     "spec.rollout.autoscale: replica changes made through /scale, by direction (up, down).",
     [*_JOB, "direction"],
     registry=REGISTRY,
 )
-_AUTOSCALE = (AUTOSCALE_DESIRED, AUTOSCALE_WAIT, AUTOSCALE_BLOCKED)
+_AUTOSCALE = (AUTOSCALE_DESIRED, AUTOSCALE_WAIT, AUTOSCALE_BLOCKED, AUTOSCALE_RATE)
 
 _phases: dict[tuple[str, str], str] = {}
 _phases_lock = threading.Lock()
@@ -111,6 +117,8 @@ def set_autoscale(namespace: str, name: str, desired: int, signals: api_status.U
     if signals is not None:
         AUTOSCALE_WAIT.labels(namespace, name).set(signals.trainer_wait_fraction)
         AUTOSCALE_BLOCKED.labels(namespace, name).set(signals.rollout_blocked_fraction)
+        if signals.samples_per_second is not None:
+            AUTOSCALE_RATE.labels(namespace, name).set(signals.samples_per_second)
 
 
 def count_scale(namespace: str, name: str, direction: str) -> None:

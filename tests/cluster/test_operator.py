@@ -499,20 +499,35 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace,
     )
 
 
-def _report_utilization(cluster: Any, namespace: str, job: str, wait: float, blocked: float) -> None:
-    """A trainer report as trainer rank 0 sends it (steplog.report): the signals and the report's time."""
+def _report_utilization(
+    cluster: Any, namespace: str, job: str, wait: float, blocked: float, rate: float | None = None
+) -> None:
+    """A trainer report as trainer rank 0 sends it (steplog.report): the signals and the report's time
+    (samplesPerSecond only when ``rate`` is given, as an older trainer leaves it out)."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    utilization = {"trainerWaitFraction": wait, "rolloutBlockedFraction": blocked, "steps": 20}
+    utilization: dict[str, Any] = {
+        "trainerWaitFraction": wait,
+        "rolloutBlockedFraction": blocked,
+        "steps": 20,
+    }
+    if rate is not None:
+        utilization["samplesPerSecond"] = rate
     report_progress(cluster, namespace, job, step=3, utilization=utilization, lastUpdateTime=now)
 
 
 def _scale_while_reporting(
-    cluster: Any, namespace: str, wait: float, blocked: float, replicas: int, timeout: float = 60
+    cluster: Any,
+    namespace: str,
+    wait: float,
+    blocked: float,
+    replicas: int,
+    timeout: float = 60,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """Report every second (a new report time each) until spec.rollout.replicas is `replicas`."""
     deadline = time.monotonic() + timeout
     while True:
-        _report_utilization(cluster, namespace, "demo", wait, blocked)
+        _report_utilization(cluster, namespace, "demo", wait, blocked, rate)
         job = get_json(cluster, "asyncrljob", "demo", "-n", namespace)
         if job["spec"]["rollout"]["replicas"] == replicas:
             return job
@@ -581,6 +596,21 @@ def test_autoscale_sizes_the_rollouts_through_the_scale_subresource(cluster, nam
     assert "of 1 nvidia.com/gpu" in warning, warning
     described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
     assert "MaxReplicasUnschedulable" in described, described
+    # a scale-up that does not raise the trainer's consumed samples/s is undone, and not tried again at
+    # once although the trainer still waits (the ceiling, in status)
+    _scale_while_reporting(cluster, namespace, wait=0.6, blocked=0.0, replicas=2, rate=100.0)
+    running_pods(cluster, namespace, "demo", "rollout", 2)
+    job = _scale_while_reporting(cluster, namespace, wait=0.4, blocked=0.0, replicas=1, rate=90.0)
+    running_pods(cluster, namespace, "demo", "rollout", 1)
+    for _ in range(4):
+        _report_utilization(cluster, namespace, "demo", 0.6, 0.0, 100.0)
+        time.sleep(1.1)
+    held = job_status(cluster, namespace, "demo")["autoscale"]
+    assert (held["reason"], held["ceilingReplicas"], held["samplesPerSecond"]) == ("AtCeiling", 1, 100.0)
+    assert get_json(cluster, "asyncrljob", "demo", "-n", namespace)["spec"]["rollout"]["replicas"] == 1
+    assert held["lastScaleReason"].startswith("rollout replicas 2 -> 1: consumed samples/s 90.0"), held
+    described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
+    assert "ScaleUpUndone" in described, described
     # docs/autoscaling.md's HPA (autoscaling/v2) and KEDA ScaledObject (against KEDA's own CRD, from its Go
     # module) targeting an AsyncRLJob's /scale: accepted by the real API, unknown fields refused (strict)
     gang_bins.install_keda_crds(cluster)

@@ -5,6 +5,8 @@ ready and a window of reports since the last change was seen."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pydantic
 import pytest
 from asyncrl_api import autoscale, models
@@ -26,15 +28,14 @@ def trace(
 
 
 def run(s: autoscale.AutoscaleSpec, replicas: int, samples: list[Signals]) -> list[autoscale.Decision]:
-    """Feed the samples one report at a time, as the operator does, applying each change at once."""
-    decisions, last_change = [], None
-    for i, sample in enumerate(samples):
-        seen = list(samples[: i + 1])
-        seen[-1] = Signals(sample.at, sample.trainer_wait_fraction, sample.rollout_blocked_fraction,
-                           min(sample.ready_replicas, replicas))  # fmt: skip
-        d = autoscale.decide(s, replicas, seen, last_change, sample.at)
-        if d.replicas != replicas:
-            replicas, last_change = d.replicas, sample.at
+    """Feed the samples one report at a time, as the operator does (``History``), applying each change
+    at once; a sample's ready count is capped at the replicas asked for."""
+    history, decisions = autoscale.History(), []
+    for sample in samples:
+        history.add(dataclasses.replace(sample, ready_replicas=min(sample.ready_replicas, replicas)))
+        d = history.decide(s, replicas, sample.at)
+        history.applied(s, replicas, d, sample.at)
+        replicas = d.replicas
         decisions.append(d)
     return decisions
 
@@ -74,6 +75,62 @@ def test_nothing_moves_until_the_replicas_are_ready_and_a_window_was_seen_since_
     assert autoscale.decide(s, 2, [], None, 0.0).reason == "NoSignals"
     old = trace([(0.9, 0.0)] * 10, ready=2)
     assert autoscale.decide(s, 2, old, last_change_at=1000.0, now=1001.0).reason == "NoSignals"
+
+
+def run_fleet(
+    s: autoscale.AutoscaleSpec, replicas: int, rate_of: dict[int, float], wait: float, seconds: int
+) -> list[tuple[float, int, autoscale.Decision]]:
+    """``run`` where the trainer's samples/s is what ``replicas`` give (``rate_of``)."""
+    history, out = autoscale.History(), []
+    for i in range(int(seconds / 10)):
+        at = i * 10.0
+        history.add(Signals(at, wait, 0.0, replicas, rate_of[replicas]))
+        d = history.decide(s, replicas, at)
+        history.applied(s, replicas, d, at)
+        out.append((at, replicas, d))
+        replicas = d.replicas
+    return out
+
+
+def test_a_scale_up_that_does_not_raise_consumed_samples_is_undone_and_not_tried_again_at_once() -> None:
+    # the trainer waits, but a second replica slows it (they share cores): 470/s with 1, 375/s with 2
+    s = spec(maxReplicas=2, scaleUpRetrySeconds=600)
+    out = run_fleet(s, 1, {1: 470.0, 2: 375.0}, wait=0.3, seconds=1500)
+    reasons = [d.reason for _, _, d in out]
+    up = reasons.index("ScaleUp")
+    undone = reasons.index("ScaleUpUndone")
+    assert out[up][2].replicas == 2 and out[up][2].baseline == 470.0
+    assert set(reasons[up + 1 : undone]) == {"Judging"}  # a whole up window with both replicas ready
+    assert out[undone][0] - out[up][0] >= 60
+    d = out[undone][2]
+    assert d.replicas == 1 and "375.0 with 2 replicas against 470.0 with 1" in d.message
+    # held at 1 for scaleUpRetrySeconds although the trainer still waits, then tried again
+    held = [(at, d) for at, _, d in out if out[undone][0] < at < out[undone][0] + 600]
+    assert held and {d.reason for _, d in held} <= {"AtCeiling", "NoSignals"}
+    assert {d.replicas for _, d in held} == {1}
+    assert "held at 1" in held[-1][1].message
+    again = [at for at, _, d in out if d.reason == "ScaleUp" and at > out[undone][0]]
+    assert again and again[0] >= out[undone][0] + 600
+
+
+def test_a_scale_up_that_pays_is_kept_and_the_fleet_grows_on() -> None:
+    s = spec(maxReplicas=3)
+    out = run_fleet(s, 1, {1: 100.0, 2: 190.0, 3: 270.0}, wait=0.5, seconds=600)
+    assert [d.replicas for _, _, d in out if d.reason == "ScaleUp"] == [2, 3]
+    assert "ScaleUpUndone" not in {d.reason for _, _, d in out}
+    kept = [d for _, _, d in out if d.judged == "kept"]
+    assert len(kept) == 2 and "the scale-up to 2 is kept" in kept[0].message
+    # a gain below minScaleUpGain is undone; null turns the probation off (HPA's behaviour)
+    small = run_fleet(spec(maxReplicas=2, minScaleUpGain=0.1), 1, {1: 100.0, 2: 105.0}, 0.5, 300)
+    assert "ScaleUpUndone" in {d.reason for _, _, d in small}
+    off = run_fleet(spec(maxReplicas=2, minScaleUpGain=None), 1, {1: 100.0, 2: 50.0}, 0.5, 300)
+    assert {d.reason for _, _, d in off} >= {"ScaleUp"} and "ScaleUpUndone" not in {
+        d.reason for _, _, d in off
+    }
+    assert off[-1][2].replicas == 2
+    # a trainer that does not report samples/s (an older image): nothing to judge, the scale-up stays
+    blind = run(spec(maxReplicas=2), 1, trace([(0.6, 0.0)] * 30, ready=2))
+    assert blind[-1].replicas == 2 and "ScaleUpUndone" not in {d.reason for d in blind}
 
 
 def test_min_and_max_always_hold() -> None:

@@ -66,6 +66,7 @@ OPERATOR_METRICS = {
     # beyond §5: spec.rollout.autoscale's decision (autoscaler.py)
     "asyncrl_autoscale_desired_replicas", "asyncrl_autoscale_trainer_wait_fraction",
     "asyncrl_autoscale_rollout_blocked_fraction", "asyncrl_autoscale_changes_total",
+    "asyncrl_autoscale_samples_per_second",
 }  # fmt: skip
 HISTOGRAMS = {"asyncrl_sample_staleness", "asyncrl_weight_sync_seconds", "asyncrl_rollout_pause_seconds",
               "asyncrl_reward", "asyncrl_agent_turns", "asyncrl_tool_seconds",
@@ -307,7 +308,9 @@ def exposed_series_names() -> set[str]:
     bound.record_validation(step=10, version=10, reward_mean=0.5, samples=4, seconds=1.0)
     bound.tracking_errors_by("mlflow")
     bound.tracking_run("mlflow", "r1", "http://mlflow/#/experiments/1/runs/r1")
-    operator_metrics.set_autoscale(identity[0], identity[1], 2, api_status.Utilization())
+    operator_metrics.set_autoscale(
+        identity[0], identity[1], 2, api_status.Utilization(samples_per_second=1.0)
+    )
     operator_metrics.count_scale(identity[0], identity[1], "up")
     try:
         registries = (workload_metrics.REGISTRY, operator_metrics.REGISTRY)

@@ -391,6 +391,14 @@ def autoscale_row() -> list[dict[str, Any]]:
             "scale down). " + AUTOSCALE_ONLY,
         ),
         panel(
+            "Trainer samples/s (what a scale-up must raise)",
+            "timeseries",
+            [(f"max(asyncrl_autoscale_samples_per_second{{{JOB}}})", "consumed samples/s")],
+            description="Samples the trainer consumed per second over its recent steps. A scale-up that "
+            "does not raise it by minScaleUpGain over a scale-up window is undone (ScaleUpUndone). "
+            + AUTOSCALE_ONLY,
+        ),
+        panel(
             "Autoscale changes",
             "timeseries",
             [

@@ -43,7 +43,14 @@ def read_report(path: pathlib.Path) -> autoscale.Signals | None:
     if not u or not stamp:
         return None
     at = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    return autoscale.Signals(at, float(u["trainerWaitFraction"]), float(u["rolloutBlockedFraction"]), 0)
+    rate = u.get("samplesPerSecond")
+    return autoscale.Signals(
+        at,
+        float(u["trainerWaitFraction"]),
+        float(u["rolloutBlockedFraction"]),
+        0,
+        None if rate is None else float(rate),
+    )
 
 
 class Elastic:
@@ -71,6 +78,7 @@ class Elastic:
         now = time.time() if now is None else now
         decision = self.history.decide(self.spec, self.replicas, now)
         self.last = decision
+        self.history.applied(self.spec, self.replicas, decision, now)
         if decision.replicas != self.replicas:
             change = f"rollout replicas {self.replicas} -> {decision.replicas}"
             self.say(f"asyncrl: autoscale: {change}: {decision.message}")
@@ -78,6 +86,5 @@ class Elastic:
                 {"time": now, "from": self.replicas, "to": decision.replicas, "reason": decision.reason}
             )
             self.replicas = decision.replicas
-            self.history.changed(now)
             self.scale(decision.replicas)
         return decision

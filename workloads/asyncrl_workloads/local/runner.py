@@ -473,7 +473,10 @@ def _watch(
                     entry.update(
                         trainerWaitFraction=latest.trainer_wait_fraction,
                         rolloutBlockedFraction=latest.rollout_blocked_fraction,
+                        trainerSamplesPerSecond=latest.samples_per_second,
                     )
+                if scaler.last is not None:
+                    entry["autoscaleReason"] = scaler.last.reason
             metrics_log.write(json.dumps(entry) + "\n")
             metrics_log.flush()
             out.status(progress.line(entry))

@@ -68,6 +68,11 @@ class StepLog:
             maxlen=UTILIZATION_STEPS
         )
         """(waited, wall time, whole batch already queued) of the last steps: status.progress.utilization."""
+        self.recent_done: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=UTILIZATION_STEPS + 1
+        )
+        """(time.monotonic() at the step's accounting, samples) of the last steps and the one before
+        them: the consumed samples/s of status.progress.utilization (wall time: waits, syncs and all)."""
         self.catch_ups: list[dict[str, Any]] = []
         """Catch-up rounds since the last step (reported with the next step)."""
         self.last_wait = 0.0
@@ -86,6 +91,7 @@ class StepLog:
         m.trainer_idle.set(waited / total if total > 0 else 0.0)
         self.last_wait = waited
         self.recent_steps.append((waited, total, bool(taken) and queued_at_ask >= len(taken)))
+        self.recent_done.append((time.monotonic(), len(taken)))
 
     def utilization(self) -> dict[str, Any] | None:
         """The trainer's wait share and the steps that found their batch queued, over the last steps."""
@@ -99,7 +105,16 @@ class StepLog:
                 sum(q for _, _, q in self.recent_steps) / len(self.recent_steps), 4
             ),
             "steps": len(self.recent_steps),
+            **self._recent_rate(),
         }
+
+    def _recent_rate(self) -> dict[str, float]:
+        """samplesPerSecond: samples of the last steps ÷ the wall time since the step before them."""
+        done = list(self.recent_done)
+        elapsed = done[-1][0] - done[0][0] if len(done) > 1 else 0.0
+        if elapsed <= 0:
+            return {}
+        return {"samplesPerSecond": round(sum(n for _, n in done[1:]) / elapsed, 3)}
 
     async def refresh_queue(self) -> None:
         """Read the bus consumer's state: queue depth and age, and samples the full stream dropped.

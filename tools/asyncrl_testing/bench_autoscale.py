@@ -11,8 +11,9 @@ for GPU fleets whose steps take seconds to minutes, and would be a third of this
 is tuned. A side's numbers come from its step log over the steps after ``--skip`` (the first ones carry the
 engines' start): samples/s = samples trained ÷ wall time of those steps, busy = 1 − the seconds the
 steps waited for their batch (``wait_seconds``) ÷ that wall time. The autoscaled side's window includes
-its scale-up and the new replica's engine start: what not tuning costs. With ``--rounds`` > 1 the sides
-run in a rotated order each round; the ratios are per round.
+its scale-up and the new replica's engine start, and, where the scale-up does not raise the trainer's
+samples/s (``minScaleUpGain``), the judging window and the undo: what not tuning costs. With
+``--rounds`` > 1 the sides run in a rotated order each round; the ratios are per round.
 """
 
 from __future__ import annotations

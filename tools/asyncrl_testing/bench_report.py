@@ -58,10 +58,11 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
     # megatron TP=1 ÷ FSDP2: trainer step and the pre-sync gather, 9 ABBA rounds in one process (~1 min)
     "megatron": ([f"{TOOLS}/bench_megatron.py", "--rounds", "9"], "--json"),
-    # elastic rollouts: autoscale 1..2 ÷ the best of fixed 1 and 2, one whole 500-step tiny-cpu run each
-    # (~10 min): 120-step runs (35 s at 3 steps/s) ended before a second engine could load
+    # elastic rollouts: autoscale 1..2 ÷ the best of fixed 1 and 2, one whole 1200-step tiny-cpu run each
+    # (~20 min): 120-step runs (35 s at 3 steps/s) ended before a second engine could load, and a trial
+    # scale-up (an engine start plus a judging window, ~1 min) is a fixed cost that a longer run amortises
     "autoscale": (
-        [f"{TOOLS}/bench_autoscale.py", "--max-replicas", "2", "--steps", "500"],
+        [f"{TOOLS}/bench_autoscale.py", "--max-replicas", "2", "--steps", "1200"],
         "--json",
     ),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs
@@ -325,6 +326,11 @@ def _autoscale_rows(res: dict[str, Any] | None) -> list[list[str]]:
     got = (f"samples/s **{res['samples_ratio']}**, busy **{res['busy_ratio']}** ({interval}); "
            f"sides: {sides}; {st['steps']} steps, first {st['skip']} left out, "
            f"scaleUpStabilizationSeconds {st['up_window_s']}, the rest default")  # fmt: skip
+    events = [
+        e.split("autoscale: ", 1)[-1][:120] for r in rs for e in r["sides"]["autoscale"]["scale_events"]
+    ]
+    if events:
+        got += "; autoscale's changes: " + " / ".join(events)
     return [["Autoscale", what, got, "≥ 0.9 both", verdict]]
 
 

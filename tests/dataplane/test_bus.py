@@ -257,18 +257,24 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
     assert intake.ledger.acked_total == state.last_seq  # 8 trained + 1 stale + 1 invalid: all accounted
 
 
+async def _full_stream_of_three(url: str, job: str):
+    """A 3-message dropOldest stream holding 3 samples, and the trainer's consumer opened on it."""
+    settings = jetstream.StreamSettings("test", job, max_size=3, when_full="dropOldest")
+    nc, js = await _connect(url, settings)
+    pub = jetstream.Publisher(js, settings)
+    for i in range(3):
+        await pub.publish(make(i))
+    consumer = jetstream.Consumer(js, settings)
+    await consumer.open()
+    return nc, pub, consumer
+
+
 def test_a_held_sample_discarded_by_the_server_is_not_counted_as_dropped(nats_server):
     """The trainer pulled 3 samples (unacked); 3 more publishes push the first 3 out of a 3-message stream.
     Those are not lost - the trainer trains and acks them - so only later, never-seen discards count."""
 
     async def scenario():
-        settings = jetstream.StreamSettings("test", "held", max_size=3, when_full="dropOldest")
-        nc, js = await _connect(nats_server.url, settings)
-        pub = jetstream.Publisher(js, settings)
-        for i in range(3):
-            await pub.publish(make(i))
-        consumer = jetstream.Consumer(js, settings)
-        await consumer.open()
+        nc, pub, consumer = await _full_stream_of_three(nats_server.url, "held")
         held = await consumer.fetch(3, 1.0)
         for i in range(3, 6):
             await pub.publish(make(i))
@@ -299,13 +305,7 @@ def test_a_sample_buffered_in_the_client_and_discarded_by_the_server_is_not_coun
     counted, 0 lost). ``Consumer.buffered_seqs`` tells them."""
 
     async def scenario():
-        settings = jetstream.StreamSettings("test", "buffered", max_size=3, when_full="dropOldest")
-        nc, js = await _connect(nats_server.url, settings)
-        pub = jetstream.Publisher(js, settings)
-        for i in range(3):
-            await pub.publish(make(i))
-        consumer = jetstream.Consumer(js, settings)
-        await consumer.open()
+        nc, pub, consumer = await _full_stream_of_three(nats_server.url, "buffered")
         psub = consumer._sub  # a pull request no fetch waits for: what a timed-out fetch leaves behind
         await nc.publish(psub._nms, json.dumps({"batch": 3}).encode(), psub._deliver)
         for _ in range(100):

@@ -23,7 +23,8 @@ not the metrics API: no adapter is needed; (4) *a scale-up must pay*: HPA assume
 capacity, but a rollout replica that shares what the trainer runs on (cores, a node's memory bandwidth,
 the bus) can lower what the trainer consumes while its wait share still says "starved". So a scale-up is
 on probation: once a scale-up window of samples with every new replica ready is covered, the trainer's
-consumed samples/s over it is compared with the window that decided the scale-up; below
+consumed samples/s over it (from the job's cumulative count, ``_rate``) is compared with the window that
+decided the scale-up; below
 ``minScaleUpGain`` more, the scale-up is undone (reason ScaleUpUndone) and the fleet is held below that
 count for ``scaleUpRetrySeconds`` (reason AtCeiling), so it does not scale up again at once.
 
@@ -105,6 +106,8 @@ class Signals:
     """Rollout replicas ready when the report was taken."""
     samples_per_second: float | None = None
     """Samples the trainer consumed per second over its recent steps (None: not reported)."""
+    samples_consumed: int | None = None
+    """Samples the trainer consumed since the job started (status.progress.samplesConsumed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +157,20 @@ def _values(s: Signals) -> str:
     return f"trainer wait {s.trainer_wait_fraction:.2f}, rollouts blocked {s.rollout_blocked_fraction:.2f}"
 
 
-def _rate(samples: Sequence[Signals]) -> float | None:
-    rates = [s.samples_per_second for s in samples if s.samples_per_second is not None]
+def _rate(ready: Sequence[Signals], start: float) -> float | None:
+    """Consumed samples/s from ``start`` on: the job's cumulative count between the last report before
+    ``start`` (or the first after it) and the latest, over their times. The trainer's own samplesPerSecond
+    covers its last steps, which right after a change may be steps before it (a step can take minutes on
+    a large model), so it is only the fallback (the mean of those reported from ``start`` on)."""
+    counted = [s for s in ready if s.samples_consumed is not None]
+    before = [s for s in counted if s.at < start]
+    inside = [s for s in counted if s.at >= start]
+    first = before[-1] if before else inside[0] if inside else None
+    last = counted[-1] if counted else None
+    if first is not None and last is not None and last.at > first.at:
+        assert first.samples_consumed is not None and last.samples_consumed is not None
+        return max(last.samples_consumed - first.samples_consumed, 0) / (last.at - first.at)
+    rates = [s.samples_per_second for s in ready if s.at >= start and s.samples_per_second is not None]
     return sum(rates) / len(rates) if rates else None
 
 
@@ -174,7 +189,7 @@ def _judge(
             f"{_values(ready[-1])}; the scale-up to {current} is judged over {window}s with every replica "
             f"ready ({covered:.0f}s observed)",
         )
-    rate = _rate([s for s in ready if s.at >= now - window])
+    rate = _rate(ready, now - window)
     if rate is None or probation.baseline is None or rate >= probation.baseline * (1.0 + gain):
         return None
     return Decision(
@@ -259,7 +274,7 @@ def _decide_ready(
         target = min(min(recs), current + spec.max_step, hi)
         if target <= current:
             return Decision(current, "Stabilizing", f"{_values(latest)}; not starved for the whole window")
-        baseline = _rate([s for s in ready if s.at >= now - window])
+        baseline = _rate(ready, now - window)
         return Decision(
             target, "ScaleUp", f"trainer starved ({_values(latest)} over {window}s)", baseline=baseline
         )
@@ -293,8 +308,8 @@ class History:
     def applied(self, spec: AutoscaleSpec, current: int, decision: Decision, now: float) -> None:
         """``decision`` (taken at ``current`` replicas) was acted on: a change moves the window's start,
         a scale-up goes on probation, an undone one leaves a ceiling."""
-        if decision.judged is not None:
-            self.probation = None
+        if decision.judged is not None or (self.probation is not None and self.probation.after != current):
+            self.probation = None  # judged, or the count was changed by hand meanwhile
         if decision.judged == "undone":
             self.ceiling = Ceiling(decision.replicas, now + spec.scale_up_retry_seconds)
         if decision.replicas == current:

@@ -81,6 +81,7 @@ def _observe(history: autoscale.History, job: models.AsyncRLJob) -> bool:
             u.rollout_blocked_fraction,
             job.status.rollout.ready_replicas,
             u.samples_per_second,
+            progress.samples_consumed,
         )
     )
 

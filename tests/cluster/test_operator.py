@@ -502,17 +502,27 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster, namespace,
 def _report_utilization(
     cluster: Any, namespace: str, job: str, wait: float, blocked: float, rate: float | None = None
 ) -> None:
-    """A trainer report as trainer rank 0 sends it (steplog.report): the signals and the report's time
-    (samplesPerSecond only when ``rate`` is given, as an older trainer leaves it out)."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """A trainer report as trainer rank 0 sends it (steplog.report): the signals and the report's time;
+    with ``rate``, samplesPerSecond and a samplesConsumed that grew at that rate since the last report
+    (an older trainer leaves samplesPerSecond out)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1000):03d}Z"
     utilization: dict[str, Any] = {
         "trainerWaitFraction": wait,
         "rolloutBlockedFraction": blocked,
         "steps": 20,
     }
+    extra: dict[str, Any] = {}
     if rate is not None:
         utilization["samplesPerSecond"] = rate
-    report_progress(cluster, namespace, job, step=3, utilization=utilization, lastUpdateTime=now)
+        last_at, consumed = _consumed.get((namespace, job), (time.time(), 0.0))
+        consumed += rate * (time.time() - last_at)
+        _consumed[(namespace, job)] = (time.time(), consumed)
+        extra["samplesConsumed"] = int(consumed)
+    report_progress(cluster, namespace, job, step=3, utilization=utilization, lastUpdateTime=now, **extra)
+
+
+_consumed: dict[tuple[str, str], tuple[float, float]] = {}
+"""(time, samplesConsumed) of each job's last report with a rate (``_report_utilization``)."""
 
 
 def _scale_while_reporting(
@@ -608,7 +618,11 @@ def test_autoscale_sizes_the_rollouts_through_the_scale_subresource(cluster, nam
     held = job_status(cluster, namespace, "demo")["autoscale"]
     assert (held["reason"], held["ceilingReplicas"], held["samplesPerSecond"]) == ("AtCeiling", 1, 100.0)
     assert get_json(cluster, "asyncrljob", "demo", "-n", namespace)["spec"]["rollout"]["replicas"] == 1
-    assert held["lastScaleReason"].startswith("rollout replicas 2 -> 1: consumed samples/s 90.0"), held
+    reason = held["lastScaleReason"]
+    assert reason.startswith("rollout replicas 2 -> 1: consumed samples/s "), held
+    words = reason.split(" ")  # "... consumed samples/s A with 2 replicas against B with 1, ..."
+    after, before = float(words[7]), float(words[12])
+    assert 80 < after < 100 and 90 < before < 110, reason
     described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
     assert "ScaleUpUndone" in described, described
     # docs/autoscaling.md's HPA (autoscaling/v2) and KEDA ScaledObject (against KEDA's own CRD, from its Go

@@ -78,13 +78,21 @@ def test_nothing_moves_until_the_replicas_are_ready_and_a_window_was_seen_since_
 
 
 def run_fleet(
-    s: autoscale.AutoscaleSpec, replicas: int, rate_of: dict[int, float], wait: float, seconds: int
+    s: autoscale.AutoscaleSpec,
+    replicas: int,
+    rate_of: dict[int, float],
+    wait: float,
+    seconds: int,
+    reported: dict[int, float] | None = None,
 ) -> list[tuple[float, int, autoscale.Decision]]:
-    """``run`` where the trainer's samples/s is what ``replicas`` give (``rate_of``)."""
-    history, out = autoscale.History(), []
+    """``run`` where the trainer consumes ``rate_of[replicas]`` samples/s (its cumulative count in each
+    report) and reports ``reported[replicas]`` as its recent-steps samplesPerSecond (default: the same)."""
+    history, out, consumed = autoscale.History(), [], 0.0
     for i in range(int(seconds / 10)):
         at = i * 10.0
-        history.add(Signals(at, wait, 0.0, replicas, rate_of[replicas]))
+        consumed += 10 * rate_of[replicas]
+        rate = (reported or rate_of)[replicas]
+        history.add(Signals(at, wait, 0.0, replicas, rate, int(consumed)))
         d = history.decide(s, replicas, at)
         history.applied(s, replicas, d, at)
         out.append((at, replicas, d))
@@ -128,6 +136,10 @@ def test_a_scale_up_that_pays_is_kept_and_the_fleet_grows_on() -> None:
         d.reason for _, _, d in off
     }
     assert off[-1][2].replicas == 2
+    # the trainer's own samplesPerSecond covers its last steps, which after a change may still be steps
+    # from before it (long steps): the cumulative count decides, so a scale-up that pays is kept
+    lagging = run_fleet(spec(maxReplicas=2), 1, {1: 100.0, 2: 190.0}, 0.5, 300, reported={1: 100.0, 2: 100.0})
+    assert "ScaleUpUndone" not in {d.reason for _, _, d in lagging} and lagging[-1][2].replicas == 2
     # a trainer that does not report samples/s (an older image): nothing to judge, the scale-up stays
     blind = run(spec(maxReplicas=2), 1, trace([(0.6, 0.0)] * 30, ready=2))
     assert blind[-1].replicas == 2 and "ScaleUpUndone" not in {d.reason for d in blind}

@@ -43,13 +43,14 @@ def read_report(path: pathlib.Path) -> autoscale.Signals | None:
     if not u or not stamp:
         return None
     at = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    rate = u.get("samplesPerSecond")
+    rate, consumed = u.get("samplesPerSecond"), progress.get("samplesConsumed")
     return autoscale.Signals(
         at,
         float(u["trainerWaitFraction"]),
         float(u["rolloutBlockedFraction"]),
         0,
         None if rate is None else float(rate),
+        None if consumed is None else int(consumed),
     )
 
 

@@ -87,8 +87,12 @@ def sink_from_env(namespace: str, job: str) -> Sink | None:
     return None
 
 
-def rfc3339(unix: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+def rfc3339(unix: float, millis: bool = False) -> str:
+    """RFC 3339 in UTC, whole seconds, or with milliseconds (``millis``: the report time
+    spec.rollout.autoscale divides consumed samples by, over windows of a few seconds locally)."""
+    if not millis:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
 
 
 class Reporter:

@@ -237,7 +237,7 @@ class StepLog:
         utilization = self.utilization()
         if utilization is not None:  # with the report's time: spec.rollout.autoscale takes it as a sample
             body["utilization"] = utilization
-            body["lastUpdateTime"] = progress.rfc3339(time.time())
+            body["lastUpdateTime"] = progress.rfc3339(time.time(), millis=True)
         extras = {
             "reward": step_metrics.get("reward_mean"),
             "samplesPerSecond": self.samples_per_second(),

@@ -24,12 +24,12 @@ capacity, but a rollout replica that shares what the trainer runs on (cores, a n
 the bus) can lower what the trainer consumes while its wait share still says "starved". So a scale-up is
 on probation: once a scale-up window of samples with every new replica ready is covered, the trainer's
 consumed samples/s over it (from the job's cumulative count, ``_rate``) is compared with the window that
-decided the scale-up; below
-``minScaleUpGain`` more, the scale-up is undone (reason ScaleUpUndone) and the fleet is held below that
-count for ``scaleUpRetrySeconds`` (reason AtCeiling), so it does not scale up again at once.
+decided the scale-up; below ``minScaleUpGain`` more, the scale-up is undone (reason ScaleUpUndone) and
+the fleet is held below that count for ``scaleUpRetrySeconds`` (reason AtCeiling), so it does not scale
+up again at once.
 
-Only one controller may own ``spec.rollout.replicas``: with
-``autoscale`` set, do not also point an HPA or a KEDA ScaledObject at the job (docs/autoscaling.md).
+Only one controller may own ``spec.rollout.replicas``: with ``autoscale`` set, do not also point an HPA
+or a KEDA ScaledObject at the job (docs/autoscaling.md).
 """
 
 from __future__ import annotations

@@ -401,7 +401,7 @@ class RolloutWorker:
             # interpreter joins its thread at exit, while the engine shuts down. A round this replica
             # is taking part in is finished first (bounded by the round's own deadline): leaving in the
             # middle of the broadcast would fail it for every other member too.
-            if control is not None and self._round is not None and not control.done():
+            if control is not None and self._round is not None and stop.is_set() and not control.done():
                 log.info("stopping: finishing the weight update to v%d first", self._round.version)
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(control), self._round.timeout_seconds)

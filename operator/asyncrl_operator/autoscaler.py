@@ -140,4 +140,7 @@ def on_job(client: apply.Client, body: apply.Body, job: models.AsyncRLJob, now: 
     if new.warning and new.warning != old.warning:
         _event(client, body, "Warning", "MaxReplicasUnschedulable", new.warning, when)
     if new != old:
-        client.patch_status(key[0], key[1], {"autoscale": new.to_api()})
+        patch = new.to_api()
+        if new.ceiling_replicas is None and old.ceiling_replicas is not None:  # a merge patch keeps what
+            patch.update(ceilingReplicas=None, ceilingUntil=None)  # it leaves out: null removes it
+        client.patch_status(key[0], key[1], {"autoscale": patch})

@@ -550,7 +550,7 @@ def test_autoscale_sizes_the_rollouts_through_the_scale_subresource(cluster, nam
     (status.autoscale and an Event say why, the StatefulSet follows the spec), reports at maxReplicas
     change nothing, and a blocked fleet brings it back down to minReplicas."""
     autoscale = {"minReplicas": 1, "maxReplicas": 2, "scaleUpStabilizationSeconds": 2,
-                 "scaleDownStabilizationSeconds": 3}  # fmt: skip
+                 "scaleDownStabilizationSeconds": 3, "scaleUpRetrySeconds": 15}  # fmt: skip
     start_job(cluster, namespace, rollout={"replicas": 1, "autoscale": autoscale})
     running_pods(cluster, namespace, "demo", "rollout", 1)
     _scale_while_reporting(cluster, namespace, wait=0.6, blocked=0.0, replicas=2)
@@ -625,6 +625,14 @@ def test_autoscale_sizes_the_rollouts_through_the_scale_subresource(cluster, nam
     assert 80 < after < 100 and 90 < before < 110, reason
     described = cluster.kubectl("describe", "arj", "demo", "-n", namespace).stdout
     assert "ScaleUpUndone" in described, described
+    # once scaleUpRetrySeconds passed, the ceiling leaves status and a starved trainer scales up again
+    _scale_while_reporting(cluster, namespace, wait=0.6, blocked=0.0, replicas=2, rate=100.0, timeout=60)
+    cluster_wait.wait_until(
+        lambda: job_status(cluster, namespace, "demo")["autoscale"],
+        lambda a: "ceilingReplicas" not in a and "ceilingUntil" not in a,
+        "the expired ceiling gone from status.autoscale",
+        timeout=30,
+    )
     # docs/autoscaling.md's HPA (autoscaling/v2) and KEDA ScaledObject (against KEDA's own CRD, from its Go
     # module) targeting an AsyncRLJob's /scale: accepted by the real API, unknown fields refused (strict)
     gang_bins.install_keda_crds(cluster)

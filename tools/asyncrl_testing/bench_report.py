@@ -58,11 +58,12 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     "interference": ([f"{TOOLS}/bench_interference.py", "--pairs", "8"], "--json"),
     # megatron TP=1 ÷ FSDP2: trainer step and the pre-sync gather, 9 ABBA rounds in one process (~1 min)
     "megatron": ([f"{TOOLS}/bench_megatron.py", "--rounds", "9"], "--json"),
-    # elastic rollouts: autoscale 1..2 ÷ the best of fixed 1 and 2, one whole 1200-step tiny-cpu run each
-    # (~20 min): 120-step runs (35 s at 3 steps/s) ended before a second engine could load, and a trial
+    # elastic rollouts: autoscale 1..2 ÷ the best of fixed 1 and 2, one whole 2000-step tiny-cpu run each
+    # (~33 min): 120-step runs (35 s at 3 steps/s) ended before a second engine could load, and a trial
     # scale-up (an engine start plus a judging window, ~1 min) is a fixed cost that a longer run amortises
+    # (1200 steps, ~6 min of training a side: 0.854 and 0.889)
     "autoscale": (
-        [f"{TOOLS}/bench_autoscale.py", "--max-replicas", "2", "--steps", "1200"],
+        [f"{TOOLS}/bench_autoscale.py", "--max-replicas", "2", "--steps", "2000"],
         "--json",
     ),
     # P1 with windows paired in time: one async job, its trainer's consumer paused and resumed. 48 pairs

@@ -230,16 +230,14 @@ def decide(
     while first_ready > 0 and since[first_ready - 1].ready_replicas >= current:
         first_ready -= 1
     ready = since[first_ready:]  # the trailing run of samples with every replica ready
-    kept = ""
-    if probation is not None and probation.after == current and spec.min_scale_up_gain is not None:
-        judged = _judge(spec, current, ready, probation, now)
-        if judged is not None:
-            return judged
-        kept = f"; the scale-up to {current} is kept"
+    if probation is None or probation.after != current or spec.min_scale_up_gain is None:
+        return _decide_ready(spec, current, ready, now, ceiling)
+    judged = _judge(spec, current, ready, probation, now)
+    if judged is not None:
+        return judged
     decision = _decide_ready(spec, current, ready, now, ceiling)
-    if probation is not None and probation.after == current and spec.min_scale_up_gain is not None:
-        return dataclasses.replace(decision, message=decision.message + kept, judged="kept")
-    return decision
+    kept = f"; the scale-up to {current} is kept"
+    return dataclasses.replace(decision, message=decision.message + kept, judged="kept")
 
 
 def _decide_ready(

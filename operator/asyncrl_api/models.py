@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from asyncrl_api import base, infra, roles, status, task
+from asyncrl_api import algorithm, base, infra, roles, status, task
 from asyncrl_api import tracking as tracking_mod
 
 GROUP = "asyncrl.dev"
@@ -161,6 +161,36 @@ _SPEC_RULES = (
             s.async_.queue.when_full != "block"
             or s.async_.queue.max_size
             >= s.trainer.batch.prompts * s.async_.require_batches * s.rollout.sampling.n
+        ),
+    ),
+    base.Rule(
+        cel="!(self.trainer.algorithm.name in "
+        + str(list(algorithm.GROUP_ESTIMATORS))
+        + ") || self.rollout.sampling.samplesPerPrompt > 1",
+        message="trainer.algorithm.name is a group estimator (grpo, rloo, reinforce++-baseline): with"
+        " rollout.sampling.samplesPerPrompt 1 every advantage would be 0; sample 2 or more per prompt, or"
+        " use reinforce++ or ppo",
+        field_path=".rollout.sampling.samplesPerPrompt",
+        check=lambda s: (
+            s.trainer.algorithm.name not in algorithm.GROUP_ESTIMATORS or s.rollout.sampling.n > 1
+        ),
+    ),
+    base.Rule(
+        cel="!has(self.trainer.algorithm.dynamicSampling) || self.rollout.sampling.samplesPerPrompt > 1",
+        message="trainer.algorithm.dynamicSampling drops groups whose rewards are all equal: a group of"
+        " one sample always is; sample 2 or more per prompt",
+        field_path=".trainer.algorithm.dynamicSampling",
+        check=lambda s: s.trainer.algorithm.dynamic_sampling is None or s.rollout.sampling.n > 1,
+    ),
+    base.Rule(
+        cel="!has(self.trainer.algorithm.overlong)"
+        " || self.trainer.algorithm.overlong.bufferTokens < self.rollout.sampling.maxTokens",
+        message="trainer.algorithm.overlong.bufferTokens must be below rollout.sampling.maxTokens (the"
+        " penalty zone ends at maxTokens)",
+        field_path=".trainer.algorithm.overlong.bufferTokens",
+        check=lambda s: (
+            s.trainer.algorithm.overlong is None
+            or s.trainer.algorithm.overlong.buffer_tokens < s.rollout.sampling.max_tokens
         ),
     ),
     base.Rule(

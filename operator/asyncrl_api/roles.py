@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
+from asyncrl_api import algorithm as algorithm_mod
 from asyncrl_api import autoscale as autoscale_mod
 from asyncrl_api import base
 
@@ -277,42 +278,8 @@ class Parallelism(base.APIModel):
     """Expert parallel size for MoE models. Must be 1 today (dense models only)."""
 
 
-_ALGORITHM_RULES = (
-    base.Rule(
-        cel="self.kl == 0.0",
-        message="KL to the initial policy is not implemented (no reference model on the trainer): leave"
-        " it 0; to regularise toward a fixed model serve it with vLLM and set spec.teacher.klCoef",
-        field_path=".kl",
-        check=lambda a: a.kl == 0.0,
-    ),
-)
-
-
-class AlgorithmSpec(base.APIModel):
-    """The policy-gradient objective and its off-policy correction."""
-
-    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_ALGORITHM_RULES))
-
-    name: Literal["grpo", "ppo"] = "grpo"
-    """grpo: group-normalised advantages (no critic); ppo: PPO-clip on per-sample advantages."""
-    clip_low: float = pydantic.Field(default=0.2, ge=0.0, le=1.0)
-    """Lower clip range: the ratio is clipped at 1 - clipLow."""
-    clip_high: float = pydantic.Field(default=0.28, ge=0.0, le=10.0)
-    """Upper clip range: the ratio is clipped at 1 + clipHigh (DAPO's clip-higher when > clipLow)."""
-    kl: float = pydantic.Field(default=0.0, ge=0.0, le=10.0)
-    """Must be 0: a KL penalty to the initial policy is not implemented (it needs a frozen copy of the
-    model on every trainer rank). To regularise toward a fixed model, serve it with vLLM and set
-    spec.teacher (its klCoef weighs a per-token reverse KL)."""
-    correction: Literal["decoupled", "tis", "none"] = "decoupled"
-    """Off-policy correction for stale samples: decoupled PPO (proximal policy = trainer's policy
-    before the update, behaviour logprobs from the rollout), truncated importance sampling, or none."""
-    is_cap: float = pydantic.Field(default=2.0, ge=1.0, le=100.0)
-    """Cap on the behaviour importance weight (tis and decoupled)."""
-
-    @pydantic.model_validator(mode="after")
-    def _check_rules(self) -> AlgorithmSpec:
-        base.check_rules(self, _ALGORITHM_RULES)
-        return self
+AlgorithmSpec = algorithm_mod.AlgorithmSpec
+"""spec.trainer.algorithm (asyncrl_api/algorithm.py)."""
 
 
 class OptimizerSpec(base.APIModel):

@@ -1,22 +1,28 @@
 """Helper process for test_trainer.py (not a test): one FSDP2 training step on a fixed batch.
 
     python fsdp_step_worker.py MODEL_DIR OUT_FILE [MICRO_BATCH_TOKENS [CHECKPOINT_ROOT]]
+    python fsdp_step_worker.py MODEL_DIR OUT_FILE MICRO_BATCH_TOKENS --reference
                                           (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 
 Every rank builds the FSDP2 backend on the tiny model, takes one step (two optimizer updates) on the
 same deterministic batch and, on rank 0, saves the full weights after the step to OUT_FILE, with
 whether grad was enabled in each forward of the model during the step. With CHECKPOINT_ROOT the ranks
-also write the step's checkpoint there as the trainer does (test_export.py).
+also write the step's checkpoint there as the trainer does (test_export.py). With --reference: three
+steps of RLOO with a KL to the reference both in the reward (k1, gathered from every rank before the
+advantages) and in the loss (k3), an entropy bonus and dual-clip; OUT_FILE then also holds the
+reference's full weights after them and each step's metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
 import torch
 from asyncrl_workloads.bus import trajectory
-from asyncrl_workloads.trainer import backend, checkpoint, fsdp
+from asyncrl_workloads.trainer import advantage, backend, checkpoint, fsdp, loss
+from asyncrl_workloads.trainer.algorithms import correction, policy_loss
 
 
 def batch() -> list[trajectory.Trajectory]:
@@ -50,8 +56,15 @@ def main() -> None:
     world = fsdp.init_world()
     micro = int(sys.argv[3]) if len(sys.argv) > 3 else backend.TrainSettings.micro_batch_tokens
     settings = backend.TrainSettings(
-        model_path=model_dir, lr=1e-2, updates_per_step=2, correction="tis", micro_batch_tokens=micro
+        model_path=model_dir,
+        lr=1e-2,
+        updates_per_step=2,
+        objective=loss.Objective(correction="tis", rejection=correction.Rejection(action="clamp")),
+        micro_batch_tokens=micro,
     )
+    if sys.argv[4:] == ["--reference"]:
+        reference_steps(settings, world, out)
+        return
     b = backend.FSDP2Backend(settings, world)
     forwards = []
     b.model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
@@ -62,6 +75,26 @@ def main() -> None:
     if len(sys.argv) > 4:
         saver = checkpoint.Checkpointer(pathlib.Path(sys.argv[4]), 1, 1, world, model_path=model_dir)
         saver.save(1, b, {"param_version": 1})
+    fsdp.shutdown()
+
+
+def reference_steps(settings: backend.TrainSettings, world: fsdp.World, out: str) -> None:
+    objective = loss.Objective(
+        correction="decoupled",
+        loss=policy_loss.LossSettings(clip_ratio_c=3.0),
+        kl_in_loss=0.05,
+        kl_estimator="k3",
+        entropy_coef=0.01,
+    )
+    rloo = advantage.AdvantageSettings(estimator="rloo", kl_in_reward=True, kl_estimator="k1")
+    settings = dataclasses.replace(settings, objective=objective, advantage=rloo, kl=0.05)
+    b = backend.FSDP2Backend(settings, world)
+    steps = [b.step(batch()) for _ in range(3)]
+    assert b.reference is not None
+    reference = {name: t.clone() for name, t in fsdp.full_tensors(b.reference)}
+    weights = {name: t.clone() for name, t in b.full_tensors()}
+    if world.is_main:
+        torch.save({"weights": weights, "reference": reference, "steps": steps}, out)
     fsdp.shutdown()
 
 

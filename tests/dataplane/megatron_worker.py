@@ -47,7 +47,8 @@ import torch
 import torch.distributed as dist
 import transformers
 from asyncrl_testing import cuda_on_cpu
-from asyncrl_workloads.trainer import backend, checkpoint, fsdp, precision
+from asyncrl_workloads.trainer import backend, checkpoint, fsdp, loss, precision
+from asyncrl_workloads.trainer.algorithms import correction
 from asyncrl_workloads.trainer.megatron import architecture, grads, parallel
 from asyncrl_workloads.trainer.megatron import backend as megatron_backend
 from asyncrl_workloads.trainer.megatron import ddp as megatron_ddp
@@ -57,6 +58,11 @@ LR = 0.5
 CLIP = 2.0
 """Gradient-norm clip, below both models' norms on this batch (4.8 and 3.5): the step is a clipped one."""
 DEVICE = torch.device("cpu")
+TIS_KL_ENTROPY = loss.Objective(
+    correction="tis", rejection=correction.Rejection(action="clamp"), kl_in_loss=0.05, entropy_coef=0.01
+)
+"""The backends' comparison objective: truncated IS, a k3 KL to the reference in the loss (kl 0.05 in
+the settings builds the reference on both sides) and an entropy bonus (vocabulary-parallel at TP > 1)."""
 """The world's device (trainer/fsdp.py): cuda:LOCAL_RANK with nccl on a GPU machine."""
 
 
@@ -210,7 +216,8 @@ def backend_step(
         model_path=str(model_dir),
         lr=1e-2,
         updates_per_step=2,
-        correction="tis",
+        objective=TIS_KL_ENTROPY,
+        kl=0.05,
         micro_batch_tokens=40,
         grad_clip=0.5,
         dtype=dtype,
@@ -218,7 +225,9 @@ def backend_step(
     )  # 40 tokens: several micro-batches per update; clip 0.5: below the norms, so both updates clip;
     # warmup: the step after a resume must run at the schedule's rate, not step 0's
     if teacher:
-        settings = dataclasses.replace(settings, correction="none", teacher_kl_coef=0.5)
+        settings = dataclasses.replace(
+            settings, objective=loss.Objective(correction="none"), kl=0.0, teacher_kl_coef=0.5
+        )
     logprobs = teacher_logprobs() if teacher else None
     out: dict[str, Any] = {}
     tps: tuple[int | None, ...]  # megatron at TP=world (DP=1), TP=1 (DP=world); None: fsdp2

@@ -47,11 +47,20 @@ def env_for(rank: int, world: int, port: int) -> dict[str, str]:
     }
 
 
-def run_fsdp_step(model: pathlib.Path, out: pathlib.Path, world: int, micro_tokens: int = 8192) -> dict:
+def run_fsdp_step(
+    model: pathlib.Path, out: pathlib.Path, world: int, micro_tokens: int = 8192, *extra: str
+) -> dict:
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "fsdp_step_worker.py"), str(model), str(out), str(micro_tokens)],
+            [
+                sys.executable,
+                str(HERE / "fsdp_step_worker.py"),
+                str(model),
+                str(out),
+                str(micro_tokens),
+                *extra,
+            ],
             env=env_for(rank, world, port),
         )
         for rank in range(world)
@@ -94,6 +103,30 @@ def test_micro_batches_accumulate_to_the_same_step_on_one_and_two_ranks(tiny_mod
     assert one["forwards"] == sorted(one["forwards"]) and two["forwards"] == sorted(two["forwards"])
     # the global gradient norm (before clipping) is the same: each rank's loss is scaled to a global mean
     assert two["metrics"]["grad_norm"] == pytest.approx(one["metrics"]["grad_norm"], rel=1e-4)
+
+
+def test_the_reference_stays_frozen_while_the_policy_moves_on_one_and_two_ranks(tiny_model, tmp_path):
+    """RLOO with a KL to the reference in the reward (its logprobs gathered from both ranks before the
+    advantages) and in the loss, an entropy bonus and dual-clip, three steps: the reference is the
+    initial model to the bit, the policy moved, the KL in the loss grows as the policy leaves the
+    reference, the reward's KL (the fixed behaviour logprobs against the reference's) stays the same
+    step after step, and two ranks take the same steps as one."""
+    import transformers
+
+    one = run_fsdp_step(tiny_model, tmp_path / "one.pt", 1, 24, "--reference")
+    two = run_fsdp_step(tiny_model, tmp_path / "two.pt", 2, 24, "--reference")
+    initial = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    for run in (one, two):
+        assert all(torch.equal(run["reference"][k], initial[k]) for k in initial)
+        assert max(float((run["weights"][k] - initial[k]).abs().max()) for k in initial) > 1e-3
+        kl = [s["kl_loss"] for s in run["steps"]]
+        reward_kl = [s["reward_kl"] for s in run["steps"]]
+        assert kl[0] < kl[1] < kl[2], kl
+        assert reward_kl[0] == pytest.approx(reward_kl[1], rel=1e-6) == pytest.approx(reward_kl[2], rel=1e-6)
+        assert all(s["entropy"] > 0 for s in run["steps"])
+    diff = max(float((one["weights"][k] - two["weights"][k]).abs().max()) for k in initial)
+    assert diff < 1e-4
+    assert one["steps"][2]["reward_kl"] == pytest.approx(two["steps"][2]["reward_kl"], rel=1e-4)
 
 
 # --- the trainer process: crash between step and ack, resume, nothing trained twice -------------

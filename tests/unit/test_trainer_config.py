@@ -71,8 +71,9 @@ def test_unreachable_nats_fails_before_anything_is_written(tmp_path, capsys, mon
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_settings_follow_the_spec_and_refuse_a_kl_term(tmp_path):
+def test_settings_follow_the_spec(tmp_path):
     from asyncrl_workloads.trainer import main
+    from asyncrl_workloads.trainer.algorithms import correction
 
     cfg = config.load(
         write(
@@ -92,17 +93,51 @@ def test_settings_follow_the_spec_and_refuse_a_kl_term(tmp_path):
         )
     )
     s = main.train_settings(cfg)
-    assert (s.algorithm, s.correction, s.clip.clip_low, s.clip.clip_high, s.clip.is_cap) == (
-        "ppo",
+    assert s.advantage.estimator == "ppo"
+    assert (s.objective.correction, s.objective.loss.clip_low, s.objective.loss.clip_high) == (
         "tis",
         0.1,
         0.3,
-        3.0,
     )
+    assert s.objective.rejection == correction.Rejection(
+        level="token", action="clamp", metric="ratio", upper=3.0
+    )
+    assert (s.kl, s.objective.kl_in_loss, s.advantage.kl_in_reward) == (0.0, 0.0, False)
     assert s.updates_per_step == 8
-    cfg.spec.trainer.algorithm.kl = 0.1
-    with pytest.raises(main.StartupError, match="^spec.trainer.algorithm.kl"):
-        main.train_settings(cfg)
+
+
+def test_kl_placement_and_estimator_defaults_follow_verl(tmp_path):
+    """klEstimator unset: k3 (verl's low_var_kl) in the loss, k1 in the reward; the adaptive target only
+    with the reward; a spec rejection replaces the isCap mask; seq-mean-token-sum-norm's divisor is
+    rollout.sampling.maxTokens unless lossScaleFactor says otherwise."""
+    from asyncrl_workloads.trainer import main
+    from asyncrl_workloads.trainer.algorithms import correction
+
+    algo = {
+        "name": "rloo",
+        "kl": 0.1,
+        "entropyCoef": 0.01,
+        "lossAggregation": "seq-mean-token-sum-norm",
+        "rejection": {"level": "sequence", "metric": "k3", "upper": 0.5, "lower": 0.0},
+    }
+    cfg = config.load(write(tmp_path, tmp_path, trainer={"algorithm": algo}))
+    s = main.train_settings(cfg)
+    assert (s.kl, s.objective.kl_in_loss, s.objective.kl_estimator, s.advantage.kl_in_reward) == (
+        0.1,
+        0.1,
+        "k3",
+        False,
+    )
+    assert s.objective.rejection == correction.Rejection("sequence", "mask", "k3", "mean", 0.5, 0.0)
+    assert s.objective.entropy_coef == 0.01
+    assert s.loss_scale_factor == cfg.spec.rollout.sampling.max_tokens
+    algo.update(klPlacement="reward", klTarget=0.02, lossScaleFactor=512)
+    del algo["rejection"]
+    cfg = config.load(write(tmp_path, tmp_path, trainer={"algorithm": algo}))
+    s = main.train_settings(cfg)
+    assert (s.objective.kl_in_loss, s.advantage.kl_in_reward, s.advantage.kl_estimator) == (0.0, True, "k1")
+    assert (s.kl_target, s.loss_scale_factor) == (0.02, 512.0)
+    assert s.objective.rejection == correction.Rejection(action="mask", upper=2.0)
 
 
 def test_backend_megatron_builds_the_megatron_core_backend():

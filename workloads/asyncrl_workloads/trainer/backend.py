@@ -5,21 +5,25 @@ same list of trajectories for a step; each rank trains its slice (rank::world) o
 FSDP2 averages gradients across ranks. A rank whose slice is empty trains a copy of another sample with
 an all-zero mask, so every rank makes the same collective calls.
 
-One step (GRPO/PPO over a step's groups, as in PPO's "old policy" scheme):
-  1. advantages from rewards (loss.ADVANTAGES[algorithm.name]) over the whole step;
-  2. proximal logprobs = the current policy before any update: the first mini-batch's own forward,
+One step (as in PPO's "old policy" scheme; the math is trainer/algorithms/, composed by trainer/loss.py):
+  1. with spec.trainer.algorithm.kl > 0, the reference policy's logprobs (a frozen copy of the initial
+     model, sharded like the policy; no grad): per micro-batch beside the policy's forward when the KL
+     is in the loss, or over the whole step first (gathered from all ranks) when it is in the reward;
+  2. advantages over the whole step (trainer/advantage.py: overlong shaping, KL in the reward, the
+     estimator, batch normalisation);
+  3. proximal logprobs = the current policy before any update: the first mini-batch's own forward,
      detached (it trains on that policy), and one no-grad forward for each later mini-batch (none for
      correction none) - so the usual single update per step costs one forward, not two;
-  3. for each of `updates` mini-batches: forward, loss.LOSSES[algorithm.correction] and backward over
-     its length-sorted micro-batches (``micro_batches``: gradients accumulate), clip the gradient
-     norm, optimizer step - skipped (and counted) when the norm is not finite, so one
-     bad batch cannot poison the weights every rollout then receives.
+  4. for each of `updates` mini-batches: forward, loss.policy_objective and backward over its
+     length-sorted micro-batches (``micro_batches``: gradients accumulate), clip the gradient norm,
+     optimizer step - skipped (and counted) when the norm is not finite, so one bad batch cannot poison
+     the weights every rollout then receives.
 With spec.teacher each micro-batch's loss also gets loss.teacher_kl_loss on the teacher logprobs the
 batch carries (rank 0 fetched them, trainer/teacher.py); its token-weighted mean is `teacher_kl`.
 Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM),
-log_softmax(logits / temperature) in float32, matching what the rollout engine sampled from. The model
-runs in spec.model.dtype on GPU over float32 master weights, in float32 on CPU (trainer/precision.py);
-float16 gradients get dynamic loss scaling.
+log_softmax(logits / temperature) in float32, matching what the rollout engine sampled from; the entropy
+(entropyCoef > 0) from the same logits. The model runs in spec.model.dtype on GPU over float32 master
+weights, in float32 on CPU (trainer/precision.py); float16 gradients get dynamic loss scaling.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import torch
 import torch.distributed.fsdp.sharded_grad_scaler
 
 from asyncrl_workloads.bus import trajectory as trajectory_mod
-from asyncrl_workloads.trainer import fsdp, loss, precision
+from asyncrl_workloads.trainer import advantage, fsdp, loss, precision
+from asyncrl_workloads.trainer.algorithms import aggregation, regularizers, shaping
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +49,17 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
     model_path: str
-    algorithm: str = "grpo"
-    correction: str = "decoupled"
-    clip: loss.ClipSettings = dataclasses.field(default_factory=loss.ClipSettings)
+    advantage: advantage.AdvantageSettings = dataclasses.field(default_factory=advantage.AdvantageSettings)
+    """How rewards become advantages (spec.trainer.algorithm: estimator, normalisation, shaping)."""
+    objective: loss.Objective = dataclasses.field(default_factory=loss.Objective)
+    """The micro-batch loss (spec.trainer.algorithm: policy loss, aggregation, correction, KL, entropy)."""
+    kl: float = 0.0
+    """spec.trainer.algorithm.kl: > 0 builds the reference policy (in the loss or the reward)."""
+    kl_target: float | None = None
+    """The adaptive reward-KL controller's target (None: a fixed coefficient)."""
+    kl_horizon: int = 10000
+    loss_scale_factor: float = 1.0
+    """seq-mean-token-sum-norm's divisor (spec lossScaleFactor, default rollout.sampling.maxTokens)."""
     lr: float = 1e-6
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -153,11 +166,23 @@ class FSDP2Backend(TrainerBackend):
                 "training in %s on float32 master weights (float32 gradient reduction); weight sync sends %s",
                 self.precision.compute, self.sync_dtype,
             )  # fmt: skip
-        # float32 master weights: FSDP2's shards keep the loaded dtype; the policy casts for compute
-        model = transformers.AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
-        model.to(world.device)
-        self.model = fsdp.shard(model, world, self.precision.policy)
+        self.model = self._load_model(transformers)
+        self.reference: torch.nn.Module | None = None
+        """The frozen initial model, sharded like the policy: only with spec.trainer.algorithm.kl > 0."""
+        if settings.kl > 0.0:
+            self.reference = self._load_model(transformers).requires_grad_(False).eval()
+        self.kl_control = shaping.AdaptiveKL(settings.kl, settings.kl_target, settings.kl_horizon)
         self._make_optimizer()
+
+    def _load_model(self, transformers: Any) -> torch.nn.Module:
+        """spec.model.path as float32 master weights sharded by FSDP2 (the shards keep the loaded dtype;
+        the mixed-precision policy casts for compute): the policy, and the reference built the same way."""
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            self.settings.model_path, dtype=torch.float32
+        )
+        model.to(self.world.device)
+        sharded: torch.nn.Module = fsdp.shard(model, self.world, self.precision.policy)
+        return sharded
 
     def _make_optimizer(self) -> None:
         """The loss scaler, AdamW over self.model's parameters and the warmup schedule, from settings."""
@@ -177,15 +202,25 @@ class FSDP2Backend(TrainerBackend):
 
     # --- log-probabilities ----------------------------------------------------------------------
 
-    def _response_logprobs(self, trajs: list[trajectory_mod.Trajectory]) -> torch.Tensor:
-        """(B, R) logprobs of each response token under the current model (R = longest response)."""
+    def _response_logprobs(
+        self, trajs: list[trajectory_mod.Trajectory], reference: bool = False, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, R) logprobs of each response token under the current model (the reference with
+        `reference`), R = the longest response, and with `entropy` the (B, R) entropy of the policy's
+        distribution at each response position (else None)."""
+        module = self.reference if reference else self.model
+        assert module is not None
         seqs = [t.prompt_ids + t.response_ids for t in trajs]
         input_ids = _pad([list(map(float, s)) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
         attention = _pad([[1.0] * len(s) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
-        logits = self.model(input_ids=input_ids, attention_mask=attention).logits.float()  # (B, L, V)
-        logp = torch.log_softmax(logits[:, :-1] / self.settings.temperature, dim=-1)  # (B, L-1, V)
+        logits = module(input_ids=input_ids, attention_mask=attention).logits.float()  # (B, L, V)
+        scaled = logits[:, :-1] / self.settings.temperature  # (B, L-1, V)
+        logp = torch.log_softmax(scaled, dim=-1)  # (B, L-1, V)
         token_logp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-        return response_logprobs(token_logp, trajs)  # (B, R)
+        if not entropy:
+            return response_logprobs(token_logp, trajs), None
+        token_entropy = regularizers.entropy_from_logits(scaled)  # (B, L-1)
+        return response_logprobs(token_logp, trajs), response_logprobs(token_entropy, trajs)
 
     def _data_parallel(self) -> tuple[int, int]:
         """(this rank's index, the number of ranks) among those that split each micro-batch's rows."""
@@ -201,31 +236,57 @@ class FSDP2Backend(TrainerBackend):
 
     # --- the step -------------------------------------------------------------------------------
 
+    def _reference_pass(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, torch.Tensor]:
+        """id -> (R,) reference logprobs of every sample of the step (no grad): each rank computes its
+        share of each micro-batch, then all ranks exchange them (the KL in the reward shapes every
+        sample's advantage, which every rank computes)."""
+        mine: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for micro in self._micro(batch):
+                rows, real = self._shard(micro)
+                if not real:  # this rank's slice is empty: run the collective forward, keep nothing
+                    self._response_logprobs(rows, reference=True)
+                    continue
+                logp, _ = self._response_logprobs(rows, reference=True)
+                for t, row in zip(rows, logp, strict=True):
+                    mine[t.id] = row[: len(t.response_ids)].cpu()
+        merged: dict[str, torch.Tensor] = {}
+        for part in fsdp.all_gather_object(mine, self.world):
+            merged.update(part)  # type: ignore[call-overload]
+        return merged
+
     def step(
         self, batch: list[trajectory_mod.Trajectory], teacher: Mapping[str, Sequence[float]] | None = None
     ) -> dict[str, float]:
         s = self.settings
+        obj = s.objective
         if s.teacher_kl_coef is not None and teacher is None:
             raise ValueError("a teacher job's batch came without teacher logprobs")
-        rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)  # (N,)
-        advantages = loss.ADVANTAGES[s.algorithm](rewards, [t.group_id for t in batch])  # (N,)
-        adv_of = {t.id: float(a) for t, a in zip(batch, advantages, strict=True)}
+        reference = self._reference_pass(batch) if s.advantage.kl_in_reward else None
+        step_adv = advantage.compute(batch, s.advantage, reference, self.kl_control.value)
+        if s.advantage.kl_in_reward:
+            self.kl_control.update(step_adv.metrics["reward_kl"], len(batch))
+        adv_of = step_adv.per_sample
         updates = max(1, min(s.updates_per_step, len(batch)))
         chunks = [batch[i::updates] for i in range(updates)]  # every chunk mixes groups and replicas
         proximal: dict[str, torch.Tensor] = {}
         by_id = {t.id: t for t in batch}
-        if s.correction != "none":
+        if obj.correction != "none":
             # The policy before this step's first update. The first chunk trains on exactly that policy,
             # so its own forward (detached) is its proximal: only later chunks need a no-grad pass now.
             with torch.no_grad():
                 for chunk in chunks[1:]:
                     for micro in self._micro(chunk):
                         mine, _ = self._shard(micro)
-                        for t, row in zip(mine, self._response_logprobs(mine), strict=True):
+                        for t, row in zip(mine, self._response_logprobs(mine)[0], strict=True):
                             proximal[t.id] = row[: len(t.response_ids)].cpu()
         totals: dict[str, float] = {}
         for index, chunk in enumerate(chunks):
-            global_tokens = float(sum(sum(t.mask) for t in chunk))
+            info = aggregation.BatchInfo(
+                tokens=float(sum(sum(t.mask) for t in chunk)),
+                sequences=float(sum(1 for t in chunk if any(t.mask))),
+                scale=s.loss_scale_factor,
+            )
             value = 0.0
             weighted: dict[str, float] = {}  # masked-mean metrics x this rank's tokens, summed over micros
             local_tokens = 0.0
@@ -236,8 +297,12 @@ class FSDP2Backend(TrainerBackend):
                     mask.zero_()
                 behaviour = _pad([t.behaviour_logprobs for t in mine], 0.0, torch.float32)  # (B, R)
                 dev = self.world.device
-                logprobs = self._response_logprobs(mine)  # (B, R)
-                if s.correction == "none":
+                ref_logprobs = None
+                if obj.kl_in_loss > 0.0:
+                    with torch.no_grad():
+                        ref_logprobs = self._response_logprobs(mine, reference=True)[0]  # (B, R)
+                logprobs, entropy = self._response_logprobs(mine, entropy=obj.entropy_coef > 0.0)  # (B, R)
+                if obj.correction == "none":
                     prox = behaviour
                 elif index == 0:
                     prox = logprobs.detach().cpu()  # (B, R), the same padding as behaviour
@@ -249,16 +314,18 @@ class FSDP2Backend(TrainerBackend):
                     logprobs=logprobs,
                     proximal_logprobs=prox.to(dev),
                     behaviour_logprobs=behaviour.to(dev),
-                    advantages=torch.tensor([adv_of[t.id] for t in mine], device=dev),
+                    advantages=_pad([adv_of[t.id].tolist() for t in mine], 0.0, torch.float32).to(dev),
                     mask=mask.to(dev),
-                    num_tokens=global_tokens,
+                    batch=info,
+                    reference_logprobs=ref_logprobs,
+                    entropy=entropy,
                 )
-                part, metrics = loss.LOSSES[s.correction](inputs, s.clip)
+                part, metrics = loss.policy_objective(inputs, obj)
                 if s.teacher_kl_coef is not None and teacher is not None:
                     rows = [list(teacher[t.id]) for t in mine]
                     teacher_logprobs = _pad(rows, 0.0, torch.float32).to(dev)  # (B, R)
                     kl_part, kl_metrics = loss.teacher_kl_loss(
-                        inputs, teacher_logprobs, s.teacher_kl_coef, s.clip
+                        inputs, teacher_logprobs, s.teacher_kl_coef, obj.is_cap
                     )
                     part = part + kl_part
                     metrics.update(kl_metrics)
@@ -284,7 +351,7 @@ class FSDP2Backend(TrainerBackend):
             self.logprob_gap = {  # this rank's samples: mean |trainer - engine| over generated tokens
                 tid: _masked_gap(lp, by_id[tid]) for tid, lp in proximal.items()
             }
-        totals["reward_mean"] = float(rewards.mean())
+        totals.update(step_adv.metrics)
         totals["samples"] = float(len(batch))
         totals["lr"] = float(self.scheduler.get_last_lr()[0])
         return totals
@@ -315,7 +382,12 @@ class FSDP2Backend(TrainerBackend):
         import torch.distributed.checkpoint.state_dict as dcp_state
 
         model_sd, optim_sd = dcp_state.get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd, "scheduler": self.scheduler.state_dict()}
+        state = {
+            "model": model_sd,
+            "optim": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+            "algorithm": self.algorithm_state(),
+        }
         if self.precision.loss_scaling:  # float16's loss scale (a disabled scaler has no state)
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -329,6 +401,15 @@ class FSDP2Backend(TrainerBackend):
         self.scheduler.load_state_dict(state["scheduler"])
         if "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+        self.load_algorithm_state(state)
+
+    def algorithm_state(self) -> dict[str, Any]:
+        """What the algorithm carries from step to step: the adaptive reward-KL coefficient."""
+        return {"kl_coef": torch.tensor(self.kl_control.value, dtype=torch.float64)}
+
+    def load_algorithm_state(self, state: dict[str, Any]) -> None:
+        """Apply algorithm_state() from a checkpoint."""
+        self.kl_control.value = float(state["algorithm"]["kl_coef"])
 
 
 def _megatron(settings: TrainSettings, world: fsdp.World) -> TrainerBackend:

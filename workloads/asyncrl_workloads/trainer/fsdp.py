@@ -107,6 +107,15 @@ def broadcast_object(obj: object, world: World) -> object:
     return box[0]
 
 
+def all_gather_object(obj: object, world: World) -> list[object]:
+    """Every rank's `obj`, in rank order, on every rank (a collective: all ranks call it)."""
+    if world.size == 1:
+        return [obj]
+    out: list[object] = [None] * world.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def shutdown(finished: bool = True, barrier_timeout_s: float = 15.0) -> None:
     """Leave the default group.
 

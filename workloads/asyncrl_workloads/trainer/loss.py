@@ -1,29 +1,38 @@
-"""Advantage estimators and policy losses, one function per variant, chosen from config by a mapping.
+"""One micro-batch's objective: the policy loss, its correction weight, the KL and entropy terms, each
+aggregated over the mini-batch, from the pure functions in trainer/algorithms/.
 
 Called by trainer/backend.py once per micro-batch. All tensors are token-aligned with the response:
 
     logprobs            (B, T)  log pi_theta(a_t | s_t) under the policy being optimised (requires grad)
     proximal_logprobs   (B, T)  log pi_prox: the trainer's policy before this update (no grad)
     behaviour_logprobs  (B, T)  log pi_behav: what the rollout engine sampled with (possibly stale)
-    advantages          (B,)    one scalar per sequence, broadcast over its tokens
+    advantages          (B, T)  per-token advantages (trainer/algorithms/advantages.py)
     mask                (B, T)  1.0 for trained tokens, 0.0 for padding and tool output
+    reference_logprobs  (B, T)  log pi_ref of the frozen initial model (KL in the loss only)
+    entropy             (B, T)  the policy's entropy at each position (requires grad; entropyCoef only)
 
-Losses are token-level means (DAPO, Yu et al. 2025) over `num_tokens`, the trained-token count of the
-*global* batch, so data-parallel ranks holding different token counts still sum to one mean. Each loss
-returns `(loss, metrics)` where metrics are detached Python floats.
+    old  = pi_prox with a correction (decoupled, tis), pi_behav without (none)
+    w, m = correction_mod.apply(pi_prox, pi_behav, mask)          (weight and filtered mask; none: 1, mask)
+    L    = agg(w * policy_loss(pi_theta, old, A), m)
+           + kl * agg(KL(pi_theta || pi_ref), mask)            (klPlacement loss)
+           - entropyCoef * agg(H(pi_theta), mask)
+           + the teacher term (spec.teacher)
 
-A job with spec.teacher adds `teacher_kl_loss` (reverse KL to the teacher on generated tokens, on-policy
-distillation) to the policy loss; its `teacher_logprobs` (B, T) come from the teacher endpoint
-(trainer/teacher.py). No KL-to-reference term: there is no reference model in this trainer
-(spec.trainer.algorithm.kl > 0 is refused at admission).
+as verl's actor composes them (dp_actor.py: pg_loss + kl_loss * kl_coef - entropy * entropy_coeff) and
+AReaL's decoupled loss weighs pi_prox / pi_behav. Each share is divided by the mini-batch's global counts
+(algorithms/aggregation.py), so ranks holding different token counts still sum to one mean. Returns
+`(loss, metrics)` where metrics are detached Python floats.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
 
 import torch
+
+from asyncrl_workloads.trainer.algorithms import aggregation, regularizers
+from asyncrl_workloads.trainer.algorithms import correction as correction_mod
+from asyncrl_workloads.trainer.algorithms import policy_loss as policy_loss_mod
 
 Metrics = dict[str, float]
 
@@ -35,159 +44,84 @@ class LossInputs:
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
-    num_tokens: float
+    batch: aggregation.BatchInfo
+    reference_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
-class ClipSettings:
-    clip_low: float = 0.2
-    """Lower clip epsilon: the ratio is clipped below at 1 - clip_low."""
-    clip_high: float = 0.28
-    """Upper clip epsilon (DAPO "clip-higher"): the ratio is clipped above at 1 + clip_high."""
+class Objective:
+    """What spec.trainer.algorithm says about the loss (trainer/main.py builds it)."""
+
+    policy_loss: str = "ppo"
+    loss: policy_loss_mod.LossSettings = dataclasses.field(default_factory=policy_loss_mod.LossSettings)
+    aggregation: str = "token-mean"
+    correction: str = "decoupled"
+    """decoupled | tis | none: whether the trust region is centred on pi_prox (and weighted) or pi_behav."""
+    rejection: correction_mod.Rejection = dataclasses.field(default_factory=correction_mod.Rejection)
+    """The mismatch filter of decoupled/tis (unused with none)."""
     is_cap: float = 2.0
-    """Cap on the behaviour importance weight pi_prox / pi_behav (tis truncates, decoupled masks)."""
-
-
-# --- advantages -------------------------------------------------------------------------------------
-
-
-def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[str], eps: float = 1e-6) -> torch.Tensor:
-    """GRPO group-normalised advantage (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300):
-
-        A_i = (r_i - mean_{j in g(i)} r_j) / (std_{j in g(i)} r_j + eps)
-
-    with the unbiased std. A group of one sample, or with equal rewards, carries no signal: A = 0.
-    rewards (B,) -> advantages (B,)
-    """
-    adv = torch.zeros_like(rewards)
-    for gid in dict.fromkeys(group_ids):
-        idx = torch.tensor([i for i, g in enumerate(group_ids) if g == gid])
-        r = rewards[idx]
-        if len(idx) < 2:
-            continue
-        adv[idx] = (r - r.mean()) / (r.std() + eps)
-    return adv
-
-
-def baseline_advantages(rewards: torch.Tensor, group_ids: Sequence[str], eps: float = 1e-6) -> torch.Tensor:
-    """Critic-free PPO advantage: the batch mean as baseline, A_i = r_i - mean_j r_j (Williams 1992's
-    REINFORCE baseline; PPO here means the PPO-clip objective below without a value model).
-    rewards (B,) -> advantages (B,)
-    """
-    del group_ids, eps
-    return rewards - rewards.mean()
-
-
-ADVANTAGES: dict[str, Callable[[torch.Tensor, Sequence[str]], torch.Tensor]] = {
-    "grpo": grpo_advantages,
-    "ppo": baseline_advantages,
-}
-
-
-# --- policy losses ----------------------------------------------------------------------------------
-
-
-def _clipped_surrogate(
-    ratio: torch.Tensor, adv: torch.Tensor, clip: ClipSettings
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO-clip loss -min(r A, clip(r, 1-eps_low, 1+eps_high) A) and where clipping was active."""
-    clipped = ratio.clamp(1.0 - clip.clip_low, 1.0 + clip.clip_high)
-    unclipped_obj = ratio * adv  # (B, T)
-    clipped_obj = clipped * adv  # (B, T)
-    per_token = -torch.minimum(unclipped_obj, clipped_obj)  # (B, T)
-    return per_token, (clipped_obj < unclipped_obj).float()
-
-
-def _reduce(per_token: torch.Tensor, mask: torch.Tensor, num_tokens: float) -> torch.Tensor:
-    return (per_token * mask).sum() / max(num_tokens, 1.0)
+    """Cap of the teacher term's importance weight (spec isCap)."""
+    kl_in_loss: float = 0.0
+    """KL coefficient of the loss term (0 with the KL in the reward, or none)."""
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1.0))
 
 
-def ppo_clip_loss(inputs: LossInputs, clip: ClipSettings) -> tuple[torch.Tensor, Metrics]:
-    """PPO-clip against the behaviour policy, no off-policy correction (Schulman et al. 2017,
-    arXiv 1707.06347; asymmetric clip from DAPO, arXiv 2503.14476):
-
-        r_t = pi_theta / pi_behav,  L = -mean_t min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)
-
-    Right when samples are on-policy (mode sync); with stale samples the trust region is centred on
-    whatever policy generated them.
-    """
-    adv = inputs.advantages[:, None]  # (B, 1)
-    ratio = torch.exp(inputs.logprobs - inputs.behaviour_logprobs)  # (B, T)
-    per_token, was_clipped = _clipped_surrogate(ratio, adv, clip)
-    loss = _reduce(per_token, inputs.mask, inputs.num_tokens)
-    return loss, {"clip_fraction": _masked_mean(was_clipped, inputs.mask)}
-
-
-def decoupled_ppo_loss(inputs: LossInputs, clip: ClipSettings) -> tuple[torch.Tensor, Metrics]:
-    """Decoupled PPO (Hilton et al. 2022, arXiv 2110.00641; as used by AReaL, Fu et al. 2025,
-    arXiv 2505.24298): the trust region is centred on the proximal policy (the trainer's policy before
-    this update) and the behaviour mismatch is corrected by an importance weight:
-
-        w_t = pi_prox / pi_behav,  r_t = pi_theta / pi_prox
-        L = -mean_t 1[w_t <= cap] * w_t * min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)
-
-    Tokens whose weight exceeds `is_cap` are masked out (AReaL's behav_imp_weight_cap), not truncated.
-    """
-    adv = inputs.advantages[:, None]  # (B, 1)
-    weight = torch.exp(inputs.proximal_logprobs - inputs.behaviour_logprobs).detach()  # (B, T)
-    keep = (weight <= clip.is_cap).float()  # (B, T)
-    ratio = torch.exp(inputs.logprobs - inputs.proximal_logprobs)  # (B, T)
-    per_token, was_clipped = _clipped_surrogate(ratio, adv, clip)
-    loss = _reduce(per_token * weight * keep, inputs.mask, inputs.num_tokens)
-    return loss, {
-        "clip_fraction": _masked_mean(was_clipped, inputs.mask),
-        "is_weight_mean": _masked_mean(weight, inputs.mask),
-        "is_masked_fraction": _masked_mean(1.0 - keep, inputs.mask),
-    }
-
-
-def tis_ppo_loss(inputs: LossInputs, clip: ClipSettings) -> tuple[torch.Tensor, Metrics]:
-    """PPO-clip around the proximal policy with truncated importance sampling (IMPALA-style truncation,
-    Espeholt et al. 2018, arXiv 1802.01561; for LLM RL "Your Efficient RL Framework Secretly Brings You
-    Off-Policy RL Training", Yao et al. 2025):
-
-        w_t = min(pi_prox / pi_behav, cap),  r_t = pi_theta / pi_prox
-        L = -mean_t w_t * min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)
-    """
-    adv = inputs.advantages[:, None]  # (B, 1)
-    raw = torch.exp(inputs.proximal_logprobs - inputs.behaviour_logprobs).detach()  # (B, T)
-    weight = raw.clamp(max=clip.is_cap)  # (B, T)
-    ratio = torch.exp(inputs.logprobs - inputs.proximal_logprobs)  # (B, T)
-    per_token, was_clipped = _clipped_surrogate(ratio, adv, clip)
-    loss = _reduce(per_token * weight, inputs.mask, inputs.num_tokens)
-    return loss, {
-        "clip_fraction": _masked_mean(was_clipped, inputs.mask),
-        "is_weight_mean": _masked_mean(weight, inputs.mask),
-        "is_truncated_fraction": _masked_mean((raw > clip.is_cap).float(), inputs.mask),
-    }
-
-
-LOSSES: dict[str, Callable[[LossInputs, ClipSettings], tuple[torch.Tensor, Metrics]]] = {
-    "none": ppo_clip_loss,
-    "decoupled": decoupled_ppo_loss,
-    "tis": tis_ppo_loss,
-}
+def policy_objective(inputs: LossInputs, objective: Objective) -> tuple[torch.Tensor, Metrics]:
+    """This rank's share of the mini-batch loss for one micro-batch, and its metrics."""
+    mask = inputs.mask
+    aggregate = aggregation.AGGREGATIONS[objective.aggregation]
+    if objective.correction == "none":
+        old, weight, trained, metrics = inputs.behaviour_logprobs, None, mask, {}
+    else:
+        filtered = correction_mod.apply(
+            inputs.proximal_logprobs, inputs.behaviour_logprobs, mask, objective.rejection
+        )
+        old, weight, trained = inputs.proximal_logprobs, filtered.weight, filtered.mask
+        metrics = {
+            "is_weight_mean": _masked_mean(filtered.weight, trained),
+            "is_filtered_fraction": filtered.filtered_fraction,
+        }
+    per_token, loss_metrics = policy_loss_mod.POLICY_LOSSES[objective.policy_loss](
+        inputs.logprobs, old, inputs.advantages, trained, objective.loss
+    )
+    metrics.update(loss_metrics)
+    if weight is not None:
+        per_token = per_token * weight
+    total = aggregate(per_token, trained, inputs.batch)
+    if objective.kl_in_loss > 0.0:
+        assert inputs.reference_logprobs is not None, "KL in the loss needs reference logprobs"
+        kld = regularizers.KL_ESTIMATORS[objective.kl_estimator](inputs.logprobs, inputs.reference_logprobs)
+        total = total + objective.kl_in_loss * aggregate(kld, mask, inputs.batch)
+        metrics["kl_loss"] = _masked_mean(kld.detach(), mask)
+    if objective.entropy_coef > 0.0:
+        assert inputs.entropy is not None, "an entropy bonus needs the policy's entropy"
+        total = total - objective.entropy_coef * aggregate(inputs.entropy, mask, inputs.batch)
+    if inputs.entropy is not None:
+        metrics["entropy"] = _masked_mean(inputs.entropy.detach(), mask)
+    return total, metrics
 
 
 # --- distillation -----------------------------------------------------------------------------------
 
 
 def teacher_kl_loss(
-    inputs: LossInputs, teacher_logprobs: torch.Tensor, kl_coef: float, clip: ClipSettings
+    inputs: LossInputs, teacher_logprobs: torch.Tensor, kl_coef: float, is_cap: float
 ) -> tuple[torch.Tensor, Metrics]:
     """Per-token reverse KL to a teacher on the generated tokens (on-policy distillation: Agarwal et al.
     2024, GKD, arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv 2306.08543; Thinking Machines' "On-Policy
     Distillation", 2025; prime-rl's teacher via prompt logprobs; slime's teacher advantage shaping):
 
         delta_t = sg(log pi_theta(a_t) - log pi_T(a_t))            (the k1 estimate of KL(pi_theta || pi_T))
-        w_t     = sg(min(pi_theta(a_t) / pi_behav(a_t), cap))      (truncated importance weight, cap: is_cap)
+        w_t     = sg(min(pi_theta(a_t) / pi_behav(a_t), cap))      (truncated importance weight, cap: isCap)
         b       = masked mean of delta_t over the micro-batch                (a baseline)
         L       = klCoef * sum_t mask_t * w_t * ((delta_t - b) * pi_theta(a_t) / sg(pi_theta(a_t)) + b)
-                  / num_tokens
+                  / N_tokens
 
     Value: klCoef * mean_t w_t delta_t. Gradient: klCoef * mean_t w_t (delta_t - b) grad log pi_theta(a_t),
     the score-function gradient of the reverse KL with each token's own delta as its (negated) reward, as
@@ -215,11 +149,11 @@ def teacher_kl_loss(
     """
     logprobs, mask = inputs.logprobs, inputs.mask  # (B, T)
     delta = (logprobs - teacher_logprobs).detach()  # (B, T)
-    weight = torch.exp(logprobs.detach() - inputs.behaviour_logprobs).clamp(max=clip.is_cap)  # (B, T)
+    weight = torch.exp(logprobs.detach() - inputs.behaviour_logprobs).clamp(max=is_cap)  # (B, T)
     score = torch.exp(logprobs - logprobs.detach())  # (B, T): 1 in value, grad log pi_theta in gradient
     baseline = (delta * mask).sum() / mask.sum().clamp(min=1.0)  # ()
     per_token = weight * ((delta - baseline) * score + baseline)  # (B, T): value w delta
-    loss = kl_coef * _reduce(per_token, mask, inputs.num_tokens)
+    loss = kl_coef * aggregation.token_mean(per_token, mask, inputs.batch)
     return loss, {
         "teacher_kl": _masked_mean(delta, mask),
         "teacher_is_weight_mean": _masked_mean(weight, mask),

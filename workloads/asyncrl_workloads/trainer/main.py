@@ -24,11 +24,12 @@ from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import access, jetstream, subjects
 from asyncrl_workloads.endpoints import settings as endpoint_settings
 from asyncrl_workloads.tracking import tracker as tracker_mod
+from asyncrl_workloads.trainer import advantage, checkpoint, fsdp, inbox, loop, loss, progress, staleness
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import batcher as batcher_mod
-from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, loop, loss, progress, staleness
 from asyncrl_workloads.trainer import teacher as teacher_mod
 from asyncrl_workloads.trainer import validation as validation_mod
+from asyncrl_workloads.trainer.algorithms import advantages, correction, policy_loss, shaping
 
 log = logging.getLogger(__name__)
 STEP_LOG_ENV = "ASYNCRL_STEP_LOG"
@@ -43,15 +44,14 @@ class StartupError(RuntimeError):
 def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
     spec = cfg.spec
     algo, opt = spec.trainer.algorithm, spec.trainer.optimizer
-    if algo.kl:
-        raise StartupError(
-            "spec.trainer.algorithm.kl: a KL penalty needs a reference model, not supported yet; set 0"
-        )
     return backend_mod.TrainSettings(
         model_path=spec.model.path,
-        algorithm=algo.name,
-        correction=algo.correction,
-        clip=loss.ClipSettings(clip_low=algo.clip_low, clip_high=algo.clip_high, is_cap=algo.is_cap),
+        advantage=advantage_settings(cfg),
+        objective=objective(cfg),
+        kl=algo.kl,
+        kl_target=algo.kl_target,
+        kl_horizon=algo.kl_horizon,
+        loss_scale_factor=float(algo.loss_scale_factor or spec.rollout.sampling.max_tokens),
         lr=opt.lr,
         weight_decay=opt.weight_decay,
         grad_clip=opt.grad_clip,
@@ -63,6 +63,66 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
         dtype=spec.model.dtype,
         rollout_gpus=spec.rollout.gpus_per_replica,
         tp=spec.trainer.parallelism.tp,
+    )
+
+
+def _kl_estimator(cfg: config_mod.JobConfig) -> str:
+    """spec klEstimator, or its placement's default: k3 in the loss (verl low_var_kl), k1 in the reward."""
+    algo = cfg.spec.trainer.algorithm
+    return algo.kl_estimator or ("k3" if algo.kl_placement == "loss" else "k1")
+
+
+def advantage_settings(cfg: config_mod.JobConfig) -> advantage.AdvantageSettings:
+    """spec.trainer.algorithm's estimator, batch normalisation and reward shaping."""
+    algo = cfg.spec.trainer.algorithm
+    norm = algo.advantage_norm
+    overlong = algo.overlong
+    return advantage.AdvantageSettings(
+        estimator=algo.name,
+        estimator_settings=advantages.EstimatorSettings(group_std=algo.group_std, gamma=algo.gamma),
+        batch_norm=None
+        if norm is None
+        else advantages.BatchNorm(
+            std=norm.std, leave_one_out=norm.leave_one_out, unbiased=norm.unbiased, eps=norm.eps
+        ),
+        overlong=None
+        if overlong is None
+        else shaping.Overlong(
+            buffer_tokens=overlong.buffer_tokens,
+            penalty_factor=overlong.penalty_factor,
+            max_tokens=cfg.spec.rollout.sampling.max_tokens,
+        ),
+        kl_in_reward=algo.kl > 0.0 and algo.kl_placement == "reward",
+        kl_estimator=_kl_estimator(cfg),
+    )
+
+
+def objective(cfg: config_mod.JobConfig) -> loss.Objective:
+    """spec.trainer.algorithm's loss: policy loss, aggregation, correction, KL in the loss, entropy."""
+    algo = cfg.spec.trainer.algorithm
+    sapo = algo.sapo
+    if algo.rejection is not None:
+        r = algo.rejection
+        rejection = correction.Rejection(r.level, r.action, r.metric, r.agg, r.upper, r.lower)
+    else:  # decoupled masks above isCap (AReaL's behav_imp_weight_cap), tis truncates there
+        action = "clamp" if algo.correction == "tis" else "mask"
+        rejection = correction.Rejection(action=action, upper=algo.is_cap)
+    return loss.Objective(
+        policy_loss=algo.policy_loss,
+        loss=policy_loss.LossSettings(
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            clip_ratio_c=algo.clip_ratio_c,
+            tau_pos=sapo.tau_pos if sapo is not None else 1.0,
+            tau_neg=sapo.tau_neg if sapo is not None else 1.05,
+        ),
+        aggregation=algo.loss_aggregation,
+        correction=algo.correction,
+        rejection=rejection,
+        is_cap=algo.is_cap,
+        kl_in_loss=algo.kl if algo.kl_placement == "loss" else 0.0,
+        kl_estimator=_kl_estimator(cfg),
+        entropy_coef=algo.entropy_coef,
     )
 
 
@@ -140,6 +200,7 @@ async def _lead(
         await jetstream.ensure_stream(js, streams)
         consumer = jetstream.Consumer(js, streams)
         await consumer.open()
+        dynamic = spec.trainer.algorithm.dynamic_sampling  # DAPO's dynamic sampling, in the intake
         intake = inbox.Inbox(
             consumer,
             staleness.StalenessFilter(spec.max_staleness()),
@@ -148,6 +209,7 @@ async def _lead(
             ),
             ledger,
             bound,
+            max_zero_variance_drops=dynamic.max_drops_per_step if dynamic is not None else None,
         )
         sender = make_sender(cfg)
         log.info("trainer ready at version %d (step %d): waiting for samples", state.version, state.step)

@@ -5,9 +5,11 @@ Built by trainer/backend.py's BACKENDS["megatron"] (imported there only for a me
 cannot build (an architecture, a tp that does not divide the heads or the ranks) raises
 backend.Unsupported, one line in the pod's termination message. It inherits FSDP2Backend's step
 unchanged - advantages, mini-batches, length-sorted micro-batches, proximal logprobs, the losses
-(loss.LOSSES, the teacher term), the metrics, skip-on-non-finite, the warmup schedule - and replaces
-what touches the model:
-  - the forward: model.token_logprobs (vocabulary-parallel, float32 log_softmax(logits / temperature));
+(loss.policy_objective, the teacher term, the reference's KL), the metrics, skip-on-non-finite, the
+warmup schedule - and replaces what touches the model:
+  - the forward: model.token_logprobs_entropy (vocabulary-parallel, float32 log_softmax(logits /
+    temperature), and the entropy reduced over TP when entropyCoef asks for it); the reference policy
+    (spec.trainer.algorithm.kl > 0) is a second GPTModel loaded from the same weights, frozen;
   - the shard of each micro-batch: data-parallel rank dp_rank::dp_size (TP ranks of one replica see the
     same rows), micro-batches sized per data-parallel rank;
   - backward and update: each DP rank's share times dp, gradients averaged over the DP group
@@ -39,6 +41,7 @@ import torch
 
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.trainer import backend, fsdp, precision
+from asyncrl_workloads.trainer.algorithms import shaping
 from asyncrl_workloads.trainer.megatron import architecture, convert, grads, parallel
 from asyncrl_workloads.trainer.megatron import model as megatron_model
 
@@ -90,6 +93,14 @@ class MegatronBackend(backend.FSDP2Backend):
         parallel.initialize(tp=settings.tp, seed=settings.seed)
         self.model = megatron_model.build(self.arch, settings.tp, self._param_dtype()).to(world.device)
         megatron_model.load_hf(self.model, hf, self.arch, settings.tp, parallel.tp_rank())
+        self.reference: torch.nn.Module | None = None
+        if settings.kl > 0.0:  # the frozen initial model, split over TP like the policy
+            self.reference = megatron_model.build(self.arch, settings.tp, self._param_dtype()).to(
+                world.device
+            )
+            megatron_model.load_hf(self.reference, hf, self.arch, settings.tp, parallel.tp_rank())
+            self.reference.requires_grad_(False).eval()
+        self.kl_control = shaping.AdaptiveKL(settings.kl, settings.kl_target, settings.kl_horizon)
         del hf
         if world.is_main:
             log.info(
@@ -106,16 +117,26 @@ class MegatronBackend(backend.FSDP2Backend):
 
     # --- what differs from FSDP2: forward, data-parallel shard, backward, update -----------------
 
-    def _response_logprobs(self, trajs: list[trajectory_mod.Trajectory]) -> torch.Tensor:
-        """(B, R) logprobs of each response token (R = longest response), as FSDP2Backend's."""
+    def _response_logprobs(
+        self, trajs: list[trajectory_mod.Trajectory], reference: bool = False, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, R) logprobs of each response token (R = longest response) and, with `entropy`, the
+        policy's (B, R) entropy, as FSDP2Backend's; `reference`: under the frozen reference model."""
+        module = self.reference if reference else self._forward_module()
+        assert module is not None
         seqs = [t.prompt_ids + t.response_ids for t in trajs]
         longest = max(len(s) for s in seqs)
         padded = [s + [0] * (longest - len(s)) for s in seqs]
         input_ids = torch.tensor(padded, device=self.world.device)  # (B, L), right-padded with 0
-        token_logp = megatron_model.token_logprobs(
-            self._forward_module(), input_ids, self.arch.vocab_size, self.settings.temperature
-        ).float()  # (B, L-1); right padding never reaches a real token (causal attention)
-        return backend.response_logprobs(token_logp, trajs)  # (B, R)
+        token_logp, token_entropy = megatron_model.token_logprobs_entropy(
+            module, input_ids, self.arch.vocab_size, self.settings.temperature, entropy
+        )  # (B, L-1) each; right padding never reaches a real token (causal attention)
+        if token_entropy is None:
+            return backend.response_logprobs(token_logp.float(), trajs), None
+        return (
+            backend.response_logprobs(token_logp.float(), trajs),
+            backend.response_logprobs(token_entropy.float(), trajs),
+        )
 
     def _forward_module(self) -> torch.nn.Module:
         """What the forward calls: the GPTModel here, megatron's DDP wrapper in MegatronDDPBackend."""
@@ -179,7 +200,12 @@ class MegatronBackend(backend.FSDP2Backend):
             moments[key] = self._gather(local)
         first = self.optimizer.state.get(next(iter(params.values())), {})
         moments["step"] = first.get("step", torch.zeros(())).detach().clone().float()
-        state = {"model": self._hf_weights(), "optim": moments, "scheduler": self.scheduler.state_dict()}
+        state = {
+            "model": self._hf_weights(),
+            "optim": moments,
+            "scheduler": self.scheduler.state_dict(),
+            "algorithm": self.algorithm_state(),
+        }
         if self.precision.loss_scaling:  # float16's loss scale, as FSDP2Backend keeps it
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -198,6 +224,7 @@ class MegatronBackend(backend.FSDP2Backend):
         self._load_schedule(state["scheduler"])
         if "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+        self.load_algorithm_state(state)
 
     def _load_schedule(self, saved: dict[str, Any]) -> None:
         """The schedule's position, and the learning rate it had set: LambdaLR.load_state_dict leaves

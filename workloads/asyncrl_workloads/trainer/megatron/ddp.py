@@ -159,7 +159,12 @@ class MegatronDDPBackend(megatron_backend.MegatronBackend):
         weights = self._named_like_transformers(self._gather(full["param"]))
         optim: dict[str, Any] = {key: self._gather(full[key]) for key in _MOMENTS}
         optim["step"] = torch.tensor(self._adam_step())
-        state = {"model": weights, "optim": optim, "scheduler": self.scheduler.state_dict()}
+        state = {
+            "model": weights,
+            "optim": optim,
+            "scheduler": self.scheduler.state_dict(),
+            "algorithm": self.algorithm_state(),
+        }
         if self.dist_optimizer.grad_scaler is not None:  # float16's dynamic loss scale (megatron's)
             state["megatron_grad_scaler"] = self.dist_optimizer.grad_scaler.state_dict()
         return state
@@ -191,5 +196,6 @@ class MegatronDDPBackend(megatron_backend.MegatronBackend):
             for group in self.optimizer.param_groups:
                 group["step"] = int(step)
         self._load_schedule(state["scheduler"])
+        self.load_algorithm_state(state)
         if "megatron_grad_scaler" in state and self.dist_optimizer.grad_scaler is not None:
             self.dist_optimizer.grad_scaler.load_state_dict(state["megatron_grad_scaler"])

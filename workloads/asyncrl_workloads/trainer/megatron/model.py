@@ -192,12 +192,27 @@ def gather_hf(local: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torch.
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, vocab_size: int, temperature: float = 1.0
 ) -> torch.Tensor:
+    """token_logprobs_entropy's logprobs alone."""
+    logp, _ = token_logprobs_entropy(model, input_ids, vocab_size, temperature)
+    return logp
+
+
+def token_logprobs_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    vocab_size: int,
+    temperature: float = 1.0,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, T) right-padded ids -> (B, T-1): log p(input_ids[:, t+1] | input_ids[:, :t+1]) under
-    log_softmax(logits / temperature) in float32, as the FSDP2 backend computes it, with autograd.
+    log_softmax(logits / temperature) in float32, as the FSDP2 backend computes it, with autograd; with
+    `entropy` also the (B, T-1) entropy of that distribution (else None).
 
     The logits stay split over the vocabulary (parallel_output): gathering them would allocate on CUDA
     (tensor_parallel/mappings.py:91) and cost V/tp times the memory; megatron's
-    vocab_parallel_cross_entropy reduces the softmax over TP instead. Padded vocabulary columns
+    vocab_parallel_cross_entropy reduces the softmax over TP instead, and the entropy
+    H = log Z - sum_v p_v s_v is reduced the same way (max, sum of exp and sum of exp * s over TP, the
+    sums through reduce_from_tensor_model_parallel_region so gradients flow). Padded vocabulary columns
     (convert._pad_vocab) are masked to -inf first, so they take no probability."""
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     local = model(input_ids=input_ids, position_ids=positions, attention_mask=None)  # (B, T, V'/tp)
@@ -206,5 +221,25 @@ def token_logprobs(
     first = parallel.tp_rank() * width  # global id of this rank's first vocabulary column
     padding = torch.arange(first, first + width, device=scores.device) >= vocab_size  # (V'/tp,)
     scores = scores.masked_fill(padding, float("-inf"))
-    nll: torch.Tensor = tensor_parallel.vocab_parallel_cross_entropy(scores, input_ids[:, 1:])  # (B, T-1)
-    return -nll
+    token_entropy = _vocab_parallel_entropy(scores, padding) if entropy else None
+    # vocab_parallel_cross_entropy subtracts the max from its input in place: give it its own copy when
+    # the entropy's graph holds on to scores
+    nll: torch.Tensor = tensor_parallel.vocab_parallel_cross_entropy(
+        scores.clone() if entropy else scores, input_ids[:, 1:]
+    )  # (B, T-1)
+    return -nll, token_entropy
+
+
+def _vocab_parallel_entropy(scores: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """(B, T, V'/tp) this rank's scores (padding columns -inf) -> (B, T) entropy over the whole vocabulary."""
+    peak = scores.detach().max(-1, keepdim=True).values  # (B, T, 1): a constant shift, no gradient
+    if parallel.tp_size() > 1:
+        torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX, group=parallel.tp_group())
+    shifted = scores - peak  # (B, T, V'/tp)
+    exp = torch.exp(shifted)  # padding columns: 0
+    finite = shifted.masked_fill(padding, 0.0)  # 0 * -inf would be nan
+    reduce = tensor_parallel.mappings.reduce_from_tensor_model_parallel_region
+    sum_exp = reduce(exp.sum(-1), parallel.tp_group())  # (B, T)
+    sum_exp_s = reduce((exp * finite).sum(-1), parallel.tp_group())  # (B, T)
+    out: torch.Tensor = torch.log(sum_exp) - sum_exp_s / sum_exp
+    return out

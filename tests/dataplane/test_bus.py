@@ -14,16 +14,19 @@ import time
 
 import nats
 import pytest
+from asyncrl_api import status as api_status
 from asyncrl_testing import netfaults
 from asyncrl_workloads import metrics
-from asyncrl_workloads.bus import jetstream, trajectory
+from asyncrl_workloads.bus import codec, jetstream, trajectory
 from asyncrl_workloads.local import natsserver
 from asyncrl_workloads.trainer import batcher, checkpoint, inbox, progress, staleness, steplog
 
 pytestmark = pytest.mark.dataplane
 
 
-def make(prompt: int, sample: int = 0, group_size: int = 1, version: int = 0) -> trajectory.Trajectory:
+def make(
+    prompt: int, sample: int = 0, group_size: int = 1, version: int = 0, reward: float | None = None
+) -> trajectory.Trajectory:
     return trajectory.Trajectory(
         id=trajectory.trajectory_id("bus", 0, str(prompt), sample),
         job="bus",
@@ -36,7 +39,7 @@ def make(prompt: int, sample: int = 0, group_size: int = 1, version: int = 0) ->
         behaviour_logprobs=[-0.5, -0.25],
         versions=[version, version],
         mask=[1, 1],
-        reward=float(prompt),
+        reward=float(prompt) if reward is None else reward,
         created_at=time.time(),
     )
 
@@ -195,7 +198,7 @@ async def settled(consumer, messages, timeout_s=10.0):
         await asyncio.sleep(0.05)
 
 
-def _intake(js, settings, ledger, max_staleness=1, prompts_per_step=2):
+def _intake(js, settings, ledger, max_staleness=1, prompts_per_step=2, max_zero_variance_drops=None):
     consumer = jetstream.Consumer(js, settings)
     return consumer, inbox.Inbox(
         consumer,
@@ -204,6 +207,7 @@ def _intake(js, settings, ledger, max_staleness=1, prompts_per_step=2):
         ledger,
         metrics.bind(metrics.Identity("test", settings.job, "trainer", "0")),
         fetch_timeout_s=0.2,
+        max_zero_variance_drops=max_zero_variance_drops,
     )
 
 
@@ -255,6 +259,145 @@ def test_unacked_samples_come_back_after_a_crash_and_are_never_trained_twice(nat
     assert wasted == len(make(9, 0, version=0).response_ids)  # the generation that was wasted
     assert state.messages == 0
     assert intake.ledger.acked_total == state.last_seq  # 8 trained + 1 stale + 1 invalid: all accounted
+
+
+async def publish_groups(pub, rewards: dict[int, tuple[float, ...]]) -> None:
+    """Prompt p's group: one sample per reward (version 0)."""
+    for p, group in rewards.items():
+        for s, reward in enumerate(group):
+            await pub.publish(make(p, s, group_size=len(group), reward=reward))
+
+
+def groups_of(taken) -> list[str]:
+    return list(dict.fromkeys(t.trajectory.group_id for t in taken))
+
+
+class Captured:
+    """A progress sink that keeps the last report (what the trainer would apply to status.progress)."""
+
+    def __init__(self):
+        self.progress = None
+
+    def write(self, progress_body, extras):
+        self.progress = progress_body
+
+
+def test_equal_reward_groups_are_acked_and_counted_and_the_step_is_filled_from_later_groups(
+    nats_server, tmp_path
+):
+    """Dynamic sampling at 2 groups per step, at most 2 dropped per step. Step 1: of u0, v1, u2 (u: all
+    rewards equal) u0 and u2 are dropped and v1 waits for a second group, which the bus brings later:
+    u3 is equal too, but the step has used its bound, so it trains. Step 2 (a new bound) drops u5 and
+    takes v4 and v6. Every message ends acked and counted once: trained, or dropped{zero_variance}
+    (the ledger, the metric, the step log and status.progress agree); a copy of a dropped sample that
+    comes again is acked as seen, never counted again."""
+    log_path = tmp_path / "steps.jsonl"
+
+    async def scenario():
+        settings = jetstream.StreamSettings("test", "zerovar", max_size=100)
+        nc, js = await _connect(nats_server.url, settings)
+        pub = jetstream.Publisher(js, settings)
+        consumer, intake = _intake(
+            js, settings, checkpoint.Ledger.load(tmp_path / "ledger"), max_zero_variance_drops=2
+        )
+        await consumer.open()
+        sink = Captured()
+        steps = steplog.StepLog(log_path, intake, intake.metrics, progress.Reporter(sink, 1.0))
+        counted = intake.metrics.dropped["zero_variance"]
+        before = counted._value.get()
+        stop = asyncio.Event()
+        await publish_groups(pub, {0: (1.0, 1.0), 1: (0.0, 1.0), 2: (0.0, 0.0)})
+        waiting = await intake.next_batch(0, stop, wait_s=0.5)  # one group short of a step
+        await publish_groups(pub, {3: (1.0, 1.0), 4: (1.0, 0.0)})
+        first = await intake.next_batch(0, stop, wait_s=5.0)
+        first_counts = intake.step_zero_variance
+        await record_and_ack(intake, 1, first)
+        steps.write(1, 0, {}, first, None)
+        await publish_groups(pub, {5: (0.5, 0.5), 6: (0.0, 0.5)})
+        second = await intake.next_batch(0, stop, wait_s=5.0)
+        second_counts = intake.step_zero_variance
+        await record_and_ack(intake, 2, second)
+        steps.write(2, 0, {}, second, None)
+        await js.publish(settings.subject, codec.encode_trajectory(make(0, 1, group_size=2, reward=1.0)))
+        again = await intake.next_batch(0, stop, wait_s=0.5)  # the copy, without a dedup header
+        await nc.flush()
+        state = await settled(consumer, 0)
+        steps.report(2, 0, None, None, {}, force=True)
+        await nc.close()
+        return (
+            waiting,
+            first,
+            first_counts,
+            second,
+            second_counts,
+            again,
+            intake,
+            state,
+            counted._value.get() - before,
+            sink,
+        )
+
+    waiting, first, first_counts, second, second_counts, again, intake, state, metric, sink = asyncio.run(
+        scenario()
+    )
+    assert waiting == []
+    assert (groups_of(first), first_counts) == (["bus:p1", "bus:p3"], (2, 1))
+    assert (groups_of(second), second_counts) == (["bus:p4", "bus:p6"], (1, 0))
+    assert (intake.ledger.dropped_zero_variance, metric) == (6, 6)  # u0, u2, u5: samples
+    assert intake.ledger.zero_variance_kept == 2  # u3's samples, trained at the bound
+    assert again == [] and intake.redeliveries_skipped == 1
+    assert state.messages == 0 and intake.ledger.acked_total == state.last_seq - 1  # the copy: seen
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert [(r["zero_variance_dropped_groups"], r["zero_variance_kept_groups"]) for r in lines] == [
+        (2, 1),
+        (1, 0),
+    ]
+    reported = api_status.Progress.model_validate(sink.progress)  # what status.progress accepts
+    assert reported.dropped is not None
+    assert (reported.dropped.zero_variance, reported.dropped.stale, reported.zero_variance_kept) == (6, 0, 2)
+
+
+def test_an_equal_reward_group_dropped_before_a_crash_is_not_counted_again(nats_server, tmp_path):
+    """Trainer 1 drops an equal-reward group (ledger first) and dies before its acks leave; trainer 2
+    gets those messages again, recognises them from the ledger and acks them without counting them."""
+    ledger_path = tmp_path / checkpoint.LEDGER
+
+    async def scenario():
+        settings = jetstream.StreamSettings("test", "zerovarcrash", max_size=100)
+        nc, js = await _connect(nats_server.url, settings)
+        pub = jetstream.Publisher(js, settings)
+        await publish_groups(pub, {0: (1.0, 1.0), 1: (0.0, 1.0), 2: (1.0, 0.0)})
+        consumer, intake = _intake(
+            js, settings, checkpoint.Ledger.load(ledger_path), max_zero_variance_drops=8
+        )
+        await consumer.open()
+
+        async def dies_before_acking(received):
+            pass
+
+        consumer.ack = dies_before_acking
+        stop = asyncio.Event()
+        first = await intake.next_batch(0, stop, wait_s=5.0)  # u0 dropped and recorded, not acked
+        await nc.close()
+
+        nc, js = await _connect(nats_server.url)
+        consumer, intake = _intake(
+            js, settings, checkpoint.Ledger.load(ledger_path), max_zero_variance_drops=8
+        )
+        await consumer.open()
+        counted = intake.metrics.dropped["zero_variance"]
+        before = counted._value.get()
+        second = await intake.next_batch(0, stop, wait_s=5.0)
+        await record_and_ack(intake, 1, second)
+        await nc.flush()
+        state = await settled(consumer, 0)
+        await nc.close()
+        return first, second, intake, state, counted._value.get() - before
+
+    first, second, intake, state, metric = asyncio.run(scenario())
+    assert groups_of(first) == groups_of(second) == ["bus:p1", "bus:p2"]  # the step never happened
+    assert (intake.redeliveries_skipped, intake.ledger.dropped_zero_variance, metric) == (2, 2, 0)
+    assert state.messages == 0 and intake.ledger.acked_total == state.last_seq
 
 
 async def _full_stream_of_three(url: str, job: str):

@@ -11,6 +11,10 @@ then by arrival. A group's deadline is that version + maxStaleness (after it, th
 drops it), and a long-tailed group started early finishes after groups started later; served in
 arrival order it would miss its deadline behind them and its generation would be wasted.
 
+`take_screened` first removes the ready groups the caller does not want in the step (trainer/inbox.py's
+dynamic sampling: groups whose rewards are all equal), among those the batch would reach, so the
+batch is filled with the groups after them.
+
 `H` is the caller's handle for acknowledging a sample (a NATS message); the batcher never acks.
 """
 
@@ -24,6 +28,8 @@ from typing import Generic, TypeVar
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 
 H = TypeVar("H")
+_Members = list[tuple[trajectory_mod.Trajectory, H]]
+"""A group's held samples with their handles, in arrival order."""
 
 
 @dataclasses.dataclass
@@ -113,13 +119,27 @@ class GroupBatcher(Generic[H]):
         """Whether `take_batch` would return a batch now."""
         return len(self._ready_ids()) >= self.prompts_per_step
 
-    def take_batch(self) -> list[list[tuple[trajectory_mod.Trajectory, H]]] | None:
+    def take_batch(self) -> list[_Members[H]] | None:
         """`prompts_per_step` ready groups (earliest deadline first), removed from the batcher; None if
         too few."""
-        ready = self._ready_ids()
-        if len(ready) < self.prompts_per_step:
-            return None
-        batch = []
-        for gid in ready[: self.prompts_per_step]:
-            batch.append(self._groups.pop(gid).members)
-        return batch
+        return self.take_screened(lambda members: False, 0)[1]
+
+    def take_screened(
+        self, unwanted: Callable[[_Members[H]], bool], limit: int
+    ) -> tuple[list[_Members[H]], list[_Members[H]] | None]:
+        """(removed, batch): walking the ready groups in serving order, remove at most `limit` that
+        `unwanted` picks, until `prompts_per_step` others are passed (once `limit` are removed, every
+        group is one of those); then take those others as `take_batch` does (None, left held, if too
+        few). Groups past the batch are not looked at: they belong to a later step and its limit."""
+        removed: list[_Members[H]] = []
+        chosen: list[str] = []
+        for gid in self._ready_ids():
+            if len(chosen) >= self.prompts_per_step:
+                break
+            if len(removed) < limit and unwanted(self._groups[gid].members):
+                removed.append(self._groups.pop(gid).members)
+            else:
+                chosen.append(gid)
+        if len(chosen) < self.prompts_per_step:
+            return removed, None
+        return removed, [self._groups.pop(gid).members for gid in chosen]

@@ -44,6 +44,8 @@ _STREAM_COUNTERS = (
     "queue_full_earlier",
     "stream_held_old",
     "dropped_reward_error",
+    "dropped_zero_variance",
+    "zero_variance_kept",
 )
 _PREFIX = "step-"
 _STREAMS_LEFT_KEPT = 8
@@ -66,12 +68,19 @@ class Ledger:
     step: int = 0
     param_version: int = 0
     acked_total: int = 0
-    """Every message the trainer acked (or is about to): consumed + dropped (stale, invalid, reward_error)."""
+    """Every message the trainer acked (or is about to): consumed + dropped (stale, invalid, reward_error,
+    zero_variance)."""
     consumed_total: int = 0
     dropped_stale: int = 0
     dropped_invalid: int = 0
     dropped_reward_error: int = 0
     """Samples the teacher gave no logprobs for (trainer/teacher.py): never trained with a made-up value."""
+    dropped_zero_variance: int = 0
+    """Samples of prompt groups whose rewards were all equal, dropped by dynamic sampling (inbox.py)."""
+    zero_variance_kept: int = 0
+    """Samples of equal-reward groups trained anyway: their step had dropped maxDropsPerStep groups
+    already. Counted when the batch is taken and saved with its step (a crash before it re-counts the
+    redelivered batch, which is taken again)."""
     lost_with_store: int = 0
     """Samples lost with the bus's store (NATS came back without it), counted when the trainer finds
     the stream created again: at least what the old stream held at the trainer's last look."""
@@ -147,15 +156,18 @@ class Ledger:
         undecodable: int = 0,
         elsewhere: int = 0,
         reward_error_ids: list[str] | None = None,
+        zero_variance_ids: list[str] | None = None,
     ) -> None:
         """Samples about to be acked without training (`undecodable` ones have no id), `elsewhere` of
         them pulled from an earlier stream. Persisted first."""
         reward_error_ids = reward_error_ids or []
+        zero_variance_ids = zero_variance_ids or []
         self.dropped_stale += len(stale_ids)
         self.dropped_invalid += len(invalid_ids) + undecodable
         self.dropped_reward_error += len(reward_error_ids)
+        self.dropped_zero_variance += len(zero_variance_ids)
         self._from_old_stream(elsewhere)
-        self._remember(self.step, stale_ids + invalid_ids + reward_error_ids)
+        self._remember(self.step, stale_ids + invalid_ids + reward_error_ids + zero_variance_ids)
 
     def old_copy_replaced(self) -> None:
         """A held message of an earlier stream was replaced by its copy in the current one (the rollout
@@ -221,7 +233,11 @@ class Ledger:
         self.recent = [r for r in self.recent if r[0] >= horizon or now - r[1] <= self.keep_seconds]
         self._seen = {i for _, _, r in self.recent for i in r}
         self.acked_total = (
-            self.consumed_total + self.dropped_stale + self.dropped_invalid + self.dropped_reward_error
+            self.consumed_total
+            + self.dropped_stale
+            + self.dropped_invalid
+            + self.dropped_reward_error
+            + self.dropped_zero_variance
         )
         self.save()
 

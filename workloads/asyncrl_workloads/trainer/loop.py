@@ -3,7 +3,8 @@
 Called by trainer/main.py. Algorithm (fully asynchronous GRPO/PPO with bounded staleness, as in
 verl's fully-async trainer and AReaL): rank 0 waits for `groupsPerStep` complete prompt groups whose
 every sample lags the trainer by at most maxStaleness versions, broadcasts them to all ranks, and
-every rank takes the step (trainer/backend.py). Then, in this order:
+every rank takes the step (trainer/backend.py); with spec.trainer.algorithm.dynamicSampling, groups
+whose rewards are all equal are dropped before they reach a step (trainer/inbox.py). Then, in this order:
 
   1. ledger: the step's trajectory ids are recorded (rank 0, atomic file) - never trained twice;
   2. checkpoint every `everySteps` (all ranks);

@@ -43,12 +43,19 @@ class StalenessFilter:
 
     def judge(self, trainer_version: int, traj: trajectory_mod.Trajectory) -> tuple[Verdict, int]:
         """Verdict for `traj` now; drops are counted here, keeps only when consumed (`consume`)."""
+        verdict, lag = self.verdict(trainer_version, traj)
+        if verdict is Verdict.FUTURE:
+            self.dropped_future += 1
+        elif verdict is Verdict.STALE:
+            self.dropped_stale += 1
+        return verdict, lag
+
+    def verdict(self, trainer_version: int, traj: trajectory_mod.Trajectory) -> tuple[Verdict, int]:
+        """`judge`'s verdict without counting it (a look ahead: trainer/inbox.py's dynamic sampling)."""
         lag = staleness(trainer_version, traj)
         if lag < 0:
-            self.dropped_future += 1
             return Verdict.FUTURE, lag
         if lag > self.max_staleness:
-            self.dropped_stale += 1
             return Verdict.STALE, lag
         return Verdict.KEEP, lag
 

@@ -83,19 +83,29 @@ class Staleness(base.APIModel):
 
 
 class ValidationProgress(base.APIModel):
-    """The latest validation run (spec.data.validation): rollout replica 0 generated the whole set at
-    temperature 0 under one policy version and scored it with the job's reward."""
+    """The latest validation run (spec.data.validation): rollout replica 0 generated k answers to every
+    record of the set (one greedy answer unless spec.data.validationSampling says otherwise) under one
+    policy version and scored them with the job's reward."""
 
     step: int = pydantic.Field(default=0, ge=0)
     """Trainer step the scored weights were made after (0: the initial weights)."""
     param_version: int = pydantic.Field(default=0, ge=0)
     """Policy version the set was generated with."""
     reward_mean: float | None = None
-    """Mean reward over the scored samples (None when none could be scored)."""
+    """Mean reward over the scored samples (None when none could be scored); the same number as
+    meanAtK."""
+    k: int = pydantic.Field(default=1, ge=1)
+    """Samples per record (spec.data.validationSampling.samplesPerPrompt)."""
+    mean_at_k: float | None = None
+    """mean@k: the mean reward over all k samples of all records (failed ones left out; None when none
+    could be scored)."""
+    pass_at_k: float | None = pydantic.Field(default=None, ge=0.0, le=1.0)
+    """pass@k: the share of records with at least one sample whose reward reaches
+    validationSampling.passThreshold (records with no scored sample left out; None when there is none)."""
     samples: int = pydantic.Field(default=0, ge=0)
-    """Records generated (one sample each)."""
+    """Samples generated: k per record."""
     failed: int = pydantic.Field(default=0, ge=0)
-    """Records whose reward failed (left out of the mean)."""
+    """Samples whose reward failed (left out of the means)."""
     seconds: float = pydantic.Field(default=0.0, ge=0.0)
     """How long generating and scoring the set took."""
     time: str | None = pydantic.Field(default=None, max_length=64)
@@ -161,6 +171,24 @@ class AutoscaleStatus(base.APIModel):
     be added). Needs the operator's read access to nodes (the chart's cluster-wide install grants it)."""
 
 
+class Dropped(base.APIModel):
+    """Samples never trained on since the job started, by reason: trainer rank 0's counts (kept in its
+    ledger across restarts) of asyncrl_trajectories_dropped_total's reasons."""
+
+    stale: int = pydantic.Field(default=0, ge=0)
+    """Older than async.maxStaleness when a step would have taken them."""
+    invalid: int = pydantic.Field(default=0, ge=0)
+    """Undecodable or malformed, or from a policy version the trainer has not reached."""
+    queue_full: int = pydantic.Field(default=0, ge=0)
+    """Discarded by the full queue (async.queue.whenFull dropOldest) before the trainer pulled them."""
+    store_lost: int = pydantic.Field(default=0, ge=0)
+    """Lost with the bus's store (NATS came back without it); a lower bound."""
+    reward_error: int = pydantic.Field(default=0, ge=0)
+    """Given no teacher logprobs (spec.teacher); a judge's failures are counted by the rollouts' metric."""
+    zero_variance: int = pydantic.Field(default=0, ge=0)
+    """In a prompt group whose rewards were all equal (trainer.algorithm.dynamicSampling)."""
+
+
 class Progress(base.APIModel):
     """Training progress, reported by trainer rank 0 (throttled, see spec.progress)."""
 
@@ -178,6 +206,11 @@ class Progress(base.APIModel):
     """Staleness of recently consumed samples."""
     queue_depth: int = pydantic.Field(default=0, ge=0)
     """Trajectories waiting in the bus."""
+    dropped: Dropped | None = None
+    """Samples never trained on since the job started, by reason."""
+    zero_variance_kept: int | None = pydantic.Field(default=None, ge=0)
+    """trainer.algorithm.dynamicSampling: samples of equal-reward groups trained anyway because their
+    step had already dropped maxDropsPerStep groups (absent without dynamicSampling)."""
     reward_mean: float | None = None
     """Mean reward of the last step's samples."""
     last_update_time: str | None = None

@@ -72,12 +72,53 @@ class ModelSpec(base.APIModel):
 DEFAULT_VALIDATE_EVERY_STEPS = 10
 """How often the validation set is scored when data.validation is set and data.validateEverySteps is not."""
 
+_VALIDATION_SAMPLING_RULES = (
+    base.Rule(
+        cel="self.samplesPerPrompt == 1 || self.temperature > 0.0",
+        message="validationSampling.samplesPerPrompt above 1 needs temperature above 0 (greedy samples of"
+        " one prompt are all the same answer)",
+        field_path=".samplesPerPrompt",
+        check=lambda v: v.n == 1 or v.temperature > 0.0,
+    ),
+)
+
+
+class ValidationSamplingSpec(base.APIModel):
+    """How validation samples (verl's val_kwargs n / temperature / top_p, AReaL's eval_gconfig): k =
+    samplesPerPrompt answers per record, reported as mean@k (the mean reward over all of them) and
+    pass@k (the share of records with an answer whose reward reaches passThreshold). Unset: one greedy
+    answer per record (k = 1, temperature 0)."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_VALIDATION_SAMPLING_RULES))
+
+    n: int = pydantic.Field(default=1, ge=1, le=1024, alias="samplesPerPrompt")
+    """Answers per record (k; vLLM's `n`). Above 1 it needs temperature above 0. Named samplesPerPrompt
+    as in rollout.sampling: kubectl's YAML reader turns an unquoted key `n` into `false`."""
+    temperature: float = pydantic.Field(default=0.0, ge=0.0, le=10.0)
+    """Sampling temperature; 0 is greedy (the default)."""
+    top_p: float = pydantic.Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (unused when greedy)."""
+    pass_threshold: float = pydantic.Field(default=1.0, ge=-1e6, le=1e6)
+    """An answer passes when its reward is at least this (pass@k counts records with one)."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> ValidationSamplingSpec:
+        base.check_rules(self, _VALIDATION_SAMPLING_RULES)
+        return self
+
+
 _DATA_RULES = (
     base.Rule(
         cel="!has(self.validateEverySteps) || has(self.validation)",
         message="data.validateEverySteps needs data.validation (the set it scores); set both or neither",
         field_path=".validateEverySteps",
         check=lambda d: d.validate_every_steps is None or d.validation is not None,
+    ),
+    base.Rule(
+        cel="!has(self.validationSampling) || has(self.validation)",
+        message="data.validationSampling needs data.validation (the set it samples); set both or neither",
+        field_path=".validationSampling",
+        check=lambda d: d.validation_sampling is None or d.validation is not None,
     ),
     base.Rule(
         cel="!has(self.validation) || !self.validation.startsWith('builtin:')"
@@ -104,13 +145,17 @@ class DataSpec(base.APIModel):
     `builtin:<task>` for a synthetic task shipped with asyncrl (its reward comes with it)."""
     validation: str | None = pydantic.Field(default=None, min_length=1, max_length=4096)
     """Optional validation set, read like data.prompts (a data file, or `builtin:<task>` naming the
-    prompts' own task). Rollout replica 0 generates every record once at temperature 0 under the
-    initial weights and then under each policy version whose trainer step crosses a multiple of
-    validateEverySteps, scores the answers with the job's reward, and reports the mean
-    (`asyncrl_validation_reward`, status.progress.validation, the generations as JSONL)."""
+    prompts' own task). Rollout replica 0 generates every record (once at temperature 0 unless
+    validationSampling says otherwise) under the initial weights and then under each policy version
+    whose trainer step crosses a multiple of validateEverySteps, scores the answers with the job's
+    reward, and reports the mean, mean@k and pass@k (`asyncrl_validation_*`,
+    status.progress.validation, the generations as JSONL; docs/validation.md)."""
     validate_every_steps: int | None = pydantic.Field(default=None, ge=1, le=1_000_000)
     """Trainer steps between validation runs (default 10 when data.validation is set); needs
     data.validation."""
+    validation_sampling: ValidationSamplingSpec | None = None
+    """How many answers per validation record, sampled how, and the reward that passes (unset: one
+    greedy answer, passing at reward 1); needs data.validation."""
     prompt_key: str = pydantic.Field(default="prompt", min_length=1, max_length=256)
     """Record field holding the prompt (a dotted key reaches into nested fields: `question.text`): a
     string (one user message) or, with format chat, a list of `{role, content}` messages. The whole
@@ -130,6 +175,10 @@ class DataSpec(base.APIModel):
         if self.validation is None:
             return None
         return self.validate_every_steps or DEFAULT_VALIDATE_EVERY_STEPS
+
+    def validation_sampling_settings(self) -> ValidationSamplingSpec:
+        """data.validationSampling, or its defaults (one greedy answer per record)."""
+        return self.validation_sampling or ValidationSamplingSpec()
 
 
 class SecretKeyRef(base.APIModel):

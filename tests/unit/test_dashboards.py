@@ -56,7 +56,8 @@ WORKLOAD_METRICS = {
     *ENDPOINT_METRICS,
     # beyond §5: validation runs (data.validation, rollout/validation.py)
     "asyncrl_validation_reward", "asyncrl_validation_step", "asyncrl_validation_param_version",
-    "asyncrl_validation_samples", "asyncrl_validation_seconds",
+    "asyncrl_validation_samples", "asyncrl_validation_seconds", "asyncrl_validation_mean_at_k",
+    "asyncrl_validation_pass_at_k", "asyncrl_validation_k",
     # beyond §5: experiment tracking (spec.tracking, tracking/)
     "asyncrl_tracking_errors_total", "asyncrl_tracking_run_info",
 }  # fmt: skip
@@ -305,7 +306,9 @@ def exposed_series_names() -> set[str]:
     bound.agent_episodes_by("stop")
     bound.gateway_requests_by("groups", 429)
     bound.endpoint_requests_by("judge", "200")
-    bound.record_validation(step=10, version=10, reward_mean=0.5, samples=4, seconds=1.0)
+    bound.record_validation(
+        step=10, version=10, reward_mean=0.5, samples=4, seconds=1.0, k=2, mean_at_k=0.5, pass_at_k=0.5
+    )
     bound.tracking_errors_by("mlflow")
     bound.tracking_run("mlflow", "r1", "http://mlflow/#/experiments/1/runs/r1")
     operator_metrics.set_autoscale(

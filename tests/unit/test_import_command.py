@@ -126,6 +126,34 @@ def test_verl_knobs_asyncrl_has_not_are_listed_with_the_reason(
     assert _unmapped(result)[source] == expected
 
 
+VAL = "actor_rollout_ref.rollout.val_kwargs."
+
+
+def test_verl_val_kwargs_become_validation_sampling_only_when_verl_samples() -> None:
+    config = yaml.safe_load(migration.VERL_FULLY_ASYNC_AGENT)
+    sampled = [f"+{VAL}{k}={v}" for k, v in (("do_sample", "true"), ("n", 4), ("temperature", 0.6),
+                                             ("top_p", 0.95), ("top_k", -1))]  # fmt: skip
+    result = translate.translate("verl", config, env={"DATA_ROOT": "/d"}, overrides=sampled)
+    _admitted(result.job)
+    assert result.job["spec"]["data"]["validationSampling"] == {
+        "samplesPerPrompt": 4, "temperature": 0.6, "topP": 0.95
+    }  # fmt: skip
+    assert (
+        _unmapped(result)[VAL + "top_k"]
+        == "validation sampling knob with no asyncrl field (top_k: all tokens)"
+    )
+    # verl's default: do_sample false answers greedily whatever n says; sampling at temperature 0 likewise
+    for do_sample, temperature, why in [
+        ("false", 0.6, "val_kwargs.do_sample false: one greedy answer per record, asyncrl's default"),
+        ("true", 0, "val_kwargs.temperature 0: its n answers would all be the one greedy answer"),
+    ]:
+        overrides = [f"+{VAL}do_sample={do_sample}", f"+{VAL}n=4", f"+{VAL}temperature={temperature}"]
+        result = translate.translate("verl", config, env={"DATA_ROOT": "/d"}, overrides=overrides)
+        _admitted(result.job)
+        assert _unmapped(result)[VAL + "n"] == why
+        assert result.job["spec"]["data"].get("validationSampling", {}).get("samplesPerPrompt") is None
+
+
 def test_areal_agent_async() -> None:
     result = translate.translate(
         "areal",

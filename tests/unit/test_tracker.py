@@ -19,6 +19,7 @@ class Recording(sinks.Sink):
         self.steps: list[int] = []
         self.holds, self.fail = holds or {}, fail
         self.started: list[str | None] = []
+        self.validations: list[tuple[int, dict[str, float], list[dict[str, Any]]]] = []
 
     def start(self, run_id: str | None, name: str, tags: dict[str, str]) -> tuple[str, bool]:
         if self.fail:
@@ -34,7 +35,7 @@ class Recording(sinks.Sink):
         self.steps.append(step)
 
     def log_validation(self, step: int, metrics: dict[str, float], rows: list[dict[str, Any]]) -> None:
-        return None
+        self.validations.append((step, metrics, rows))
 
     def logged(self) -> dict[str, int]:
         return self.holds
@@ -79,3 +80,26 @@ def test_a_sink_that_fails_is_retried_and_reported_until_it_logs(tmp_path: pathl
         assert t.status()["mlflow"]["ready"] is True
     finally:
         t.close(timeout=5)
+
+
+def test_a_validation_result_reaches_the_trackers_with_mean_and_pass_at_k(tmp_path: pathlib.Path) -> None:
+    sink = Recording()
+    t = tracker.Tracker([sink], tmp_path / "t.json", "r", {}, {}, None)
+    result = {
+        "step": 6, "paramVersion": 6, "rewardMean": 0.25, "k": 4, "meanAtK": 0.25, "passAtK": 0.5,
+        "samples": 8, "failed": 0, "seconds": 1.5, "time": "1970-01-01T00:00:00Z",
+    }  # fmt: skip
+    row = {"step": 6, "index": 0, "sample": 3, "prompt": "a", "response": "b", "reward": 0.0, "record": {}}
+    t.validation(result, [row])
+    t.close(timeout=10)
+    assert sink.validations == [
+        (
+            6,
+            {
+                "validation/rewardMean": 0.25, "validation/k": 4.0, "validation/meanAtK": 0.25,
+                "validation/passAtK": 0.5, "validation/samples": 8.0, "validation/failed": 0.0,
+                "validation/seconds": 1.5,
+            },
+            [{"prompt": "a", "response": "b", "reward": 0.0}],
+        )
+    ]  # fmt: skip

@@ -171,8 +171,8 @@ def test_validation_rows_carry_the_extras_as_verls_generations_log_does() -> Non
     sent: list[tuple[str, dict[str, Any]]] = []
     records = [{**RECORD, "say": "4"}, {**RECORD, "say": "5"}]
 
-    async def generate(record: dict[str, Any]) -> tuple[str, Any]:
-        return record["say"], None
+    async def generate(record: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [(record["say"], None)]  # one greedy answer
 
     def compute_score(data_source: str, solution_str: str, ground_truth: str) -> dict[str, Any]:
         return {"score": float(solution_str == ground_truth), "length": len(solution_str), "note": "x"}

@@ -20,7 +20,7 @@ import prometheus_client.exposition
 
 REGISTRY = prometheus_client.CollectorRegistry()
 _LABELS = ("namespace", "job", "role", "replica")
-DROP_REASONS = ("queue_full", "stale", "invalid", "store_lost", "reward_error")
+DROP_REASONS = ("queue_full", "stale", "invalid", "store_lost", "reward_error", "zero_variance")
 TOKEN_DROP_REASONS = ("stale", "invalid")
 """The trainer sees the tokens of what it drops; a queue_full or store_lost drop never reaches it."""
 
@@ -171,13 +171,28 @@ TEACHER_KL = _gauge(
 )
 VALIDATION_REWARD = _gauge(
     "asyncrl_validation_reward",
-    "Mean reward of the last validation run (spec.data.validation, temperature 0; rollout replica 0).",
+    "Mean reward of the last validation run (spec.data.validation; rollout replica 0); the same as mean@k.",
+)
+VALIDATION_MEAN_AT_K = _gauge(
+    "asyncrl_validation_mean_at_k",
+    "mean@k of the last validation run: the mean reward over its k samples per record.",
+)
+VALIDATION_PASS_AT_K = _gauge(
+    "asyncrl_validation_pass_at_k",
+    "pass@k of the last validation run: the share of records with a sample whose reward reaches"
+    " passThreshold.",
+)
+VALIDATION_K = _gauge(
+    "asyncrl_validation_k",
+    "Samples per record (k) of the last validation run (validationSampling.samplesPerPrompt).",
 )
 VALIDATION_STEP = _gauge("asyncrl_validation_step", "Trainer step of the weights the last validation scored.")
 VALIDATION_VERSION = _gauge(
     "asyncrl_validation_param_version", "Policy version the last validation run generated with."
 )
-VALIDATION_SAMPLES = _gauge("asyncrl_validation_samples", "Samples (records) of the last validation run.")
+VALIDATION_SAMPLES = _gauge(
+    "asyncrl_validation_samples", "Samples (k per record) of the last validation run."
+)
 VALIDATION_SECONDS = _gauge(
     "asyncrl_validation_seconds", "Time the last validation run took to generate and score its set."
 )
@@ -247,12 +262,25 @@ class Bound:
         }
 
     def record_validation(
-        self, step: int, version: int, reward_mean: float | None, samples: int, seconds: float
+        self,
+        step: int,
+        version: int,
+        reward_mean: float | None,
+        samples: int,
+        seconds: float,
+        *,
+        k: int,
+        mean_at_k: float | None,
+        pass_at_k: float | None,
     ) -> None:
         """The ``asyncrl_validation_*`` gauges, created by the first run: a process that runs no
-        validation exports none of them. A run with no scored sample sets the reward to NaN."""
+        validation exports none of them. A run with no scored sample sets the rewards to NaN."""
         v = self._values
-        VALIDATION_REWARD.labels(*v).set(float("nan") if reward_mean is None else reward_mean)
+        nan = float("nan")
+        VALIDATION_REWARD.labels(*v).set(nan if reward_mean is None else reward_mean)
+        VALIDATION_MEAN_AT_K.labels(*v).set(nan if mean_at_k is None else mean_at_k)
+        VALIDATION_PASS_AT_K.labels(*v).set(nan if pass_at_k is None else pass_at_k)
+        VALIDATION_K.labels(*v).set(k)
         VALIDATION_STEP.labels(*v).set(step)
         VALIDATION_VERSION.labels(*v).set(version)
         VALIDATION_SAMPLES.labels(*v).set(samples)

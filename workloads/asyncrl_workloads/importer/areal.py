@@ -188,7 +188,7 @@ TABLE: Table = {
     "train_dataset.type": To("", only("rl", "asyncrl trains RL jobs")),
     "train_dataset.*": Gone("data loader knob with no asyncrl field"),
     "valid_dataset.path": To("data.validation", _validation),
-    "valid_dataset.*": Gone("validation loader knob: one answer per record at temperature 0"),
+    "valid_dataset.*": Gone("validation loader knob with no asyncrl field (data.validationSampling samples)"),
     "saver.freq_steps": To("trainer.checkpoint.everySteps", positive),
     "saver.*": Gone("checkpoints by epochs or seconds: asyncrl counts steps"),
     "recover.mode": Implied("a restarted job resumes from its newest checkpoint"),

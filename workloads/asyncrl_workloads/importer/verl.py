@@ -126,6 +126,30 @@ def _agent(convert: Any = None) -> Any:
     return check
 
 
+_VAL = ROLLOUT + "val_kwargs."
+
+
+def _val_sampling(convert: Any = None) -> Any:
+    """A val_kwargs knob: it means something only with data.val_files and val_kwargs.do_sample true
+    (otherwise verl answers greedily, whatever n and temperature say)."""
+
+    def check(value: Any, ctx: Context) -> Any:
+        if not ctx.get("data.val_files"):
+            raise Skip("no data.val_files: nothing to validate")
+        if ctx.get(_VAL + "do_sample") is not True:
+            raise Skip("val_kwargs.do_sample false: one greedy answer per record, asyncrl's default")
+        return value if convert is None else convert(value, ctx)
+
+    return check
+
+
+def _val_n(value: Any, ctx: Context) -> int:
+    n = positive(value, ctx)
+    if n > 1 and ctx.number(_VAL + "temperature", 0) <= 0:
+        raise Skip("val_kwargs.temperature 0: its n answers would all be the one greedy answer")
+    return n
+
+
 def _parser(value: Any, ctx: Context) -> str:
     if value not in ("hermes",):
         raise Skip(f"{value!r}: name a vLLM tool parser in agent.toolParser (Qwen and hermes use hermes)")
@@ -154,7 +178,9 @@ TABLE: Table = {
     "reward_model.*": Gone("reward model settings (reward_model.enable is false here)"),
     "reward.reward_model.*": Gone("reward model settings: use reward.type judge with reward.endpoint"),
     "data.train_files": To("data.prompts", one_path, "parquet, JSONL, JSON or a datasets folder, by path"),
-    "data.val_files": To("data.validation", one_path, "scored by rollout replica 0 at temperature 0"),
+    "data.val_files": To(
+        "data.validation", one_path, "scored by rollout replica 0 (greedy unless val_kwargs)"
+    ),
     "data.prompt_key": To("data.promptKey"),
     "data.reward_fn_key": To("", only("data_source", "asyncrl passes the record's data_source field")),
     "data.max_prompt_length": To(
@@ -279,7 +305,13 @@ TABLE: Table = {
     ROLLOUT + "free_cache_engine": Implied(_SAME_HERE),
     ROLLOUT + "calculate_log_probs": Implied(_SAME_HERE),
     ROLLOUT + "checkpoint_engine.backend": To("weightSync.backend", only("nccl", "asyncrl syncs over NCCL")),
-    ROLLOUT + "val_kwargs.*": Gone("validation is one answer per record at temperature 0"),
+    _VAL + "n": To("data.validationSampling.samplesPerPrompt", _val_sampling(_val_n), "k of mean@k, pass@k"),
+    _VAL + "temperature": To("data.validationSampling.temperature", _val_sampling()),
+    _VAL + "top_p": To("data.validationSampling.topP", _val_sampling()),
+    _VAL + "do_sample": Implied(
+        "false: one greedy answer per record; true: val_kwargs' n, temperature, top_p"
+    ),
+    _VAL + "*": Gone("validation sampling knob with no asyncrl field (top_k: all tokens)"),
     ROLLOUT + "agent.*": Gone("agent-loop workers: the loop runs inside each rollout replica"),
     TURN + "enable": Implied("spec.agent with loop tool (with --tool)"),
     TURN + "max_user_turns": To("agent.maxUserTurns", _agent()),

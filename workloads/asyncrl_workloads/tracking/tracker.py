@@ -238,8 +238,10 @@ class Tracker:
 
     def validation(self, result: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         """A validation run's result (status.progress.validation's fields) and its samples."""
-        metrics = {f"validation/{k}": float(result[k]) for k in ("rewardMean", "samples", "failed", "seconds")
-                   if isinstance(result.get(k), (int, float))}  # fmt: skip
+        names = ("rewardMean", "k", "meanAtK", "passAtK", "samples", "failed", "seconds")
+        metrics = {
+            f"validation/{k}": float(result[k]) for k in names if isinstance(result.get(k), (int, float))
+        }
         table = [{k: r.get(k) for k in ("prompt", "response", "reward")} for r in rows]
         for c in self.channels:
             c.put(("validation", (int(result.get("step") or 0), metrics, table)))

@@ -9,12 +9,17 @@ The step log is one JSON object per line, appended to ``LoopSettings.step_log`` 
 the e2e tests and tools/asyncrl_testing/bench_modes.py read it): ``step``, ``time``, ``version``,
 the backend's step metrics (with ``teacher_kl`` for a teacher job), ``staleness`` and ``ids`` of the
 step's samples (in batch order), ``counters`` (see ``counters``), ``sync`` (the sync report, or null
-when the step did not sync) and, when catch-up rounds ran since the previous step, ``catch_up`` (their
-sync reports).
+when the step did not sync), when catch-up rounds ran since the previous step, ``catch_up`` (their
+sync reports) and, when validation results came since the previous step, ``validation`` (those
+results, status.progress.validation's fields: rewardMean, k, meanAtK, passAtK, ...). With dynamic
+sampling (spec.trainer.algorithm.dynamicSampling) each line also has ``zero_variance_dropped_groups``
+(equal-reward groups dropped while gathering the step) and ``zero_variance_kept_groups`` (equal-reward
+groups trained in it: the per-step bound was reached).
 
 The progress report is the job's ``status.progress`` (trainer/progress.py throttles and writes it;
-``validation``, the latest validation run, comes from trainer/validation.py) with local extras: the
-last step's mean reward, samples per second since this process started and the counters.
+``validation``, the latest validation run, comes from trainer/validation.py; ``dropped``, the samples
+never trained on by reason since the job started, from the ledger) with local extras: the last step's
+mean reward, samples per second since this process started and the counters.
 """
 
 from __future__ import annotations
@@ -157,9 +162,23 @@ class StepLog:
             "dropped_reward_error": led.dropped_reward_error,
             "dropped_queue_full": led.queue_full_earlier + led.queue_full_current,
             "dropped_store_lost": led.lost_with_store,
+            "dropped_zero_variance": led.dropped_zero_variance,
+            "zero_variance_kept": led.zero_variance_kept,
             "queue_depth": self.queue_depth,
             "stored": self.stored,
             "redeliveries_skipped": self.intake.redeliveries_skipped,
+        }
+
+    def dropped(self) -> dict[str, int]:
+        """status.progress.dropped: samples never trained on since the job started, by reason."""
+        c = self.counters()
+        return {
+            "stale": c["dropped_stale"],
+            "invalid": c["dropped_invalid"],
+            "queueFull": c["dropped_queue_full"],
+            "storeLost": c["dropped_store_lost"],
+            "rewardError": c["dropped_reward_error"],
+            "zeroVariance": c["dropped_zero_variance"],
         }
 
     def write(
@@ -178,6 +197,7 @@ class StepLog:
         if "teacher_kl" in step_metrics:  # a teacher job (backend.py)
             m.teacher_kl.set(step_metrics["teacher_kl"])
         catch_ups, self.catch_ups = self.catch_ups, []
+        validated = self.validation.take_new() if self.validation is not None else []
         if self.path is None and self.tracker is None:
             return
         record: dict[str, Any] = {
@@ -192,8 +212,14 @@ class StepLog:
             "counters": self.counters(),
             "sync": sync_report,
         }
+        if self.intake.max_zero_variance_drops is not None:
+            dropped_groups, kept_groups = self.intake.step_zero_variance
+            record["zero_variance_dropped_groups"] = dropped_groups
+            record["zero_variance_kept_groups"] = kept_groups
         if catch_ups:
             record["catch_up"] = catch_ups
+        if validated:  # the trackers get these from trainer/validation.py, with their generations
+            record["validation"] = validated
         if self.tracker is not None:
             self.tracker.step(record, self.samples_per_second())
         if self.path is not None:
@@ -225,7 +251,10 @@ class StepLog:
                 "max": max(recent, default=0),
             },
             "queueDepth": self.queue_depth,
+            "dropped": self.dropped(),
         }
+        if self.intake.max_zero_variance_drops is not None:
+            body["zeroVarianceKept"] = self.intake.ledger.zero_variance_kept
         if step_time is not None:
             body["stepTime"] = progress.rfc3339(step_time)
         if last_sync_time is not None:

@@ -3,11 +3,13 @@ that goes into status.progress.validation.
 
 Built by ``trainer/main.py`` when the job has a validation set; subscribed to the job's validation
 subject (core NATS), where rollout replica 0 (``rollout/validation.py``) sends each run as one
-``sample`` message per record, then one ``result``. ``trainer/steplog.py`` puts ``latest`` into every
-progress report.
+``sample`` message per answer (k per record), then one ``result``. ``trainer/steplog.py`` puts
+``latest`` into every progress report and the results received since the previous step (``take_new``)
+into the next line of the step log.
 
-The generations log is JSONL, one line per sample as it arrives (step, version, prompt, response,
-reward, error, record; verl's validation generations logger writes the same per step): at
+The generations log is JSONL, one line per sample as it arrives (step, version, index and sample: the
+record's place in the set and the answer's among its k, prompt, response, reward, error, record; verl's
+validation generations logger writes the same per step): at
 ASYNCRL_VALIDATION_LOG when set (the local runner: ``<run dir>/validation.jsonl``), else
 ``<trainer.checkpoint.path>/validation.jsonl``, on the checkpoint volume beside the ledger. It is
 appended to across restarts.
@@ -34,7 +36,9 @@ log = logging.getLogger(__name__)
 
 LOG_ENV = "ASYNCRL_VALIDATION_LOG"
 LOG_NAME = "validation.jsonl"
-RESULT_FIELDS = ("step", "paramVersion", "rewardMean", "samples", "failed", "seconds", "time")
+RESULT_FIELDS = (
+    "step", "paramVersion", "rewardMean", "k", "meanAtK", "passAtK", "samples", "failed", "seconds", "time"
+)  # fmt: skip
 """What status.progress.validation holds (asyncrl_api.status.ValidationProgress)."""
 
 
@@ -52,6 +56,8 @@ class ValidationLog:
         """The samples of runs whose result has not come yet, by step (only with a tracker)."""
         self.latest: dict[str, Any] | None = None
         """The result of the highest step received, in status.progress.validation's fields."""
+        self.new: list[dict[str, Any]] = []
+        """Results received since the step log last took them (``take_new``), in arrival order."""
         self.failures = 0
 
     def take(self, part: str, body: dict[str, Any]) -> None:
@@ -71,14 +77,23 @@ class ValidationLog:
                     log.warning("validation log %s not written (%d times): %s", self.path, self.failures, exc)
             return
         result = {name: body.get(name) for name in RESULT_FIELDS}
+        result["k"] = result["k"] or 1  # a rollout older than validationSampling answers once
         if self.latest is None or int(result["step"] or 0) >= int(self.latest["step"] or 0):
             self.latest = result
+        if len(self.new) < 100:  # a trainer that stopped stepping keeps the first ones, bounded
+            self.new.append(result)
         if self.tracker is not None:
             self.tracker.validation(result, self.pending.pop(int(result["step"] or 0), []))
         log.info(
-            "validation step %s (v%s): reward mean %s over %s samples",
-            result["step"], result["paramVersion"], result["rewardMean"], result["samples"],
+            "validation step %s (v%s): mean@%s %s, pass@%s %s over %s samples",
+            result["step"], result["paramVersion"], result["k"], result["meanAtK"], result["k"],
+            result["passAtK"], result["samples"],
         )  # fmt: skip
+
+    def take_new(self) -> list[dict[str, Any]]:
+        """The results received since the last call (the step log's ``validation``)."""
+        new, self.new = self.new, []
+        return new
 
     async def subscribe(self, nc: Any, subject: str) -> None:
         async def received(msg: Any) -> None:

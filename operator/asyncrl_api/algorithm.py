@@ -16,7 +16,7 @@ import pydantic
 
 from asyncrl_api import base
 
-Estimator = Literal["grpo", "rloo", "reinforce++", "reinforce++-baseline", "ppo"]
+Estimator = Literal["grpo", "rloo", "reinforce++", "reinforce++-baseline", "ppo", "gae"]
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce++-baseline")
 """Estimators whose baseline is the prompt's group: with one sample per prompt every advantage is 0."""
 PolicyLoss = Literal["ppo", "gspo", "cispo", "sapo"]
@@ -109,6 +109,21 @@ class OverlongSpec(base.APIModel):
     """Penalty at maxTokens (verl overlong_buffer.penalty_factor)."""
 
 
+class CriticSpec(base.APIModel):
+    """The value model of PPO with GAE (verl critic, AReaL's gsm8k_ppo critic): the policy's architecture
+    with a one-output token head (transformers' *ForTokenClassification), initialised from the policy's
+    base (or `path`), sharded like the policy on the trainer ranks, trained by its own AdamW on the clipped
+    value loss and checkpointed with the policy."""
+
+    path: str | None = pydantic.Field(default=None, min_length=1, max_length=4096)
+    """Model directory the critic starts from; unset: spec.model.path (verl critic.model.path defaults to
+    the actor's). Its value head is new either way."""
+    lr: float = pydantic.Field(default=1e-5, gt=0.0, le=1.0)
+    """The critic's learning rate (verl critic.optim.lr)."""
+    value_clip: float = pydantic.Field(default=0.5, gt=0.0, le=1e6)
+    """Clip range of the value update around the step's old values (verl critic.cliprange_value)."""
+
+
 class DynamicSamplingSpec(base.APIModel):
     """DAPO's dynamic sampling (verl algorithm.filter_groups, AReaL dynamic_bs): prompt groups whose
     rewards are all equal carry no GRPO signal and are dropped before the step (acked, counted
@@ -127,10 +142,22 @@ _ALGORITHM_RULES = (
         check=lambda a: a.name == "grpo" or a.group_std,
     ),
     base.Rule(
-        cel="self.name == 'reinforce++' || self.gamma == 1.0",
-        message="gamma discounts per-token returns, which only name reinforce++ computes",
+        cel="self.name in ['reinforce++', 'gae'] || self.gamma == 1.0",
+        message="gamma discounts per-token returns, which only names reinforce++ and gae compute",
         field_path=".gamma",
-        check=lambda a: a.name == "reinforce++" or a.gamma == 1.0,
+        check=lambda a: a.name in ("reinforce++", "gae") or a.gamma == 1.0,
+    ),
+    base.Rule(
+        cel="self.name == 'gae' || self.lam == 1.0",
+        message="lam is GAE's lambda: it needs name gae",
+        field_path=".lam",
+        check=lambda a: a.name == "gae" or a.lam == 1.0,
+    ),
+    base.Rule(
+        cel="self.name == 'gae' || !has(self.critic)",
+        message="critic is the value model of name gae (PPO with a critic): set name gae or leave it unset",
+        field_path=".critic",
+        check=lambda a: a.name == "gae" or a.critic is None,
     ),
     base.Rule(
         cel="!has(self.clipRatioC) || self.policyLoss == 'ppo'",
@@ -189,12 +216,18 @@ class AlgorithmSpec(base.APIModel):
     """Advantage estimator. grpo: (r - group mean) / group std (verl grpo; AReaL reward_norm group);
     rloo: leave-one-out group baseline (verl rloo; AReaL mean_leave1out); reinforce++: discounted
     per-token returns whitened over the batch (verl reinforce_plus_plus); reinforce++-baseline: r - group
-    mean, whitened over the batch (verl reinforce_plus_plus_baseline); ppo: r - batch mean (no critic)."""
+    mean, whitened over the batch (verl reinforce_plus_plus_baseline); ppo: r - batch mean (no critic);
+    gae: PPO with a critic, GAE over token rewards and the critic's values, whitened over the batch
+    (verl gae; AReaL gsm8k_ppo; fsdp2 only)."""
     group_std: bool = True
     """grpo only: divide by the group std; false is Dr.GRPO (verl norm_adv_by_std_in_grpo false; AReaL
     reward_norm.std_level null)."""
     gamma: float = pydantic.Field(default=1.0, ge=0.0, le=1.0)
-    """reinforce++ only: discount of the per-token returns (verl algorithm.gamma)."""
+    """reinforce++ and gae: discount of the per-token returns (verl algorithm.gamma; AReaL discount)."""
+    lam: float = pydantic.Field(default=1.0, ge=0.0, le=1.0)
+    """gae only: GAE's lambda (verl algorithm.lam; AReaL gae_lambda)."""
+    critic: CriticSpec | None = None
+    """gae only: the value model (defaults when unset)."""
     advantage_norm: AdvantageNormSpec | None = None
     """Batch-level normalisation of the advantages after the estimator (AReaL adv_norm); unset: none."""
     policy_loss: PolicyLoss = "ppo"

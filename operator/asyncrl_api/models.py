@@ -176,6 +176,13 @@ _SPEC_RULES = (
         ),
     ),
     base.Rule(
+        cel="self.trainer.algorithm.name != 'gae' || self.trainer.backend == 'fsdp2'",
+        message="trainer.algorithm.name gae (PPO with a critic) is built on trainer.backend fsdp2 only; the"
+        " megatron backend has no critic",
+        field_path=".trainer.algorithm.name",
+        check=lambda s: s.trainer.algorithm.name != "gae" or s.trainer.backend == "fsdp2",
+    ),
+    base.Rule(
         cel="!has(self.trainer.algorithm.dynamicSampling) || self.rollout.sampling.samplesPerPrompt > 1",
         message="trainer.algorithm.dynamicSampling drops groups whose rewards are all equal: a group of"
         " one sample always is; sample 2 or more per prompt",

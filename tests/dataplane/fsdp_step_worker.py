@@ -2,6 +2,7 @@
 
     python fsdp_step_worker.py MODEL_DIR OUT_FILE [MICRO_BATCH_TOKENS [CHECKPOINT_ROOT]]
     python fsdp_step_worker.py MODEL_DIR OUT_FILE MICRO_BATCH_TOKENS --reference
+    python fsdp_step_worker.py MODEL_DIR OUT_FILE MICRO_BATCH_TOKENS --critic CHECKPOINT_ROOT
                                           (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 
 Every rank builds the FSDP2 backend on the tiny model, takes one step (two optimizer updates) on the
@@ -10,7 +11,9 @@ whether grad was enabled in each forward of the model during the step. With CHEC
 also write the step's checkpoint there as the trainer does (test_export.py). With --reference: three
 steps of RLOO with a KL to the reference both in the reward (k1, gathered from every rank before the
 advantages) and in the loss (k3), an entropy bonus and dual-clip; OUT_FILE then also holds the
-reference's full weights after them and each step's metrics.
+reference's full weights after them and each step's metrics. With --critic: PPO with a critic (GAE),
+four steps, a checkpoint, a second backend resumed from it, and one more step on both; OUT_FILE holds
+the steps' metrics, the critic's weights after the checkpoint on both sides, and the last step of both.
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ def main() -> None:
     if sys.argv[4:] == ["--reference"]:
         reference_steps(settings, world, out)
         return
+    if sys.argv[4:5] == ["--critic"]:
+        critic_steps(settings, world, out, pathlib.Path(sys.argv[5]))
+        return
     b = backend.FSDP2Backend(settings, world)
     forwards = []
     b.model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
@@ -95,6 +101,24 @@ def reference_steps(settings: backend.TrainSettings, world: fsdp.World, out: str
     weights = {name: t.clone() for name, t in b.full_tensors()}
     if world.is_main:
         torch.save({"weights": weights, "reference": reference, "steps": steps}, out)
+    fsdp.shutdown()
+
+
+def critic_steps(settings: backend.TrainSettings, world: fsdp.World, out: str, root: pathlib.Path) -> None:
+    gae = advantage.AdvantageSettings(estimator="gae", lam=0.95)
+    critic = backend.CriticSettings(path=settings.model_path, lr=1e-2)
+    settings = dataclasses.replace(settings, advantage=gae, critic=critic)
+    b = backend.FSDP2Backend(settings, world)
+    steps = [b.step(batch()) for _ in range(4)]
+    saver = checkpoint.Checkpointer(root, 1, 1, world, model_path=settings.model_path)
+    saved = saver.save(4, b, {"param_version": 4})
+    resumed = backend.FSDP2Backend(settings, world)
+    saver.load(saved, resumed)
+    assert b.critic is not None and resumed.critic is not None
+    critics = [{n: t.clone() for n, t in fsdp.full_tensors(c)} for c in (b.critic, resumed.critic)]
+    last = [b.step(batch()), resumed.step(batch())]
+    if world.is_main:
+        torch.save({"steps": steps, "critics": critics, "last": last}, out)
     fsdp.shutdown()
 
 

@@ -341,15 +341,20 @@ def assert_async_run_is_consistent(tmp_path: pathlib.Path, run: dict, steps_n: i
     assert gaps and max(gaps) < 1e-3, gaps
 
 
-def test_sync_mode_trains_only_on_the_weights_it_holds_without_stalling(tmp_path):
-    """The same code paths with maxStaleness 0 (mode sync): one batch per version, then the rollouts
-    wait; nothing stalls and every consumed sample has staleness 0. one-step-off is the same paths with
+def test_sync_mode_ppo_with_a_critic_trains_only_on_the_weights_it_holds_without_stalling(tmp_path):
+    """The same code paths with maxStaleness 0 (mode sync), PPO with a critic (name gae): one batch per
+    version, then the rollouts wait; nothing stalls, every consumed sample has staleness 0, and the
+    critic's value loss falls. one-step-off is the same paths with
     bound 1 (tests/unit/test_api_models.py, test_rollout_admission.py; the async test above runs bound
     2); its own e2e run (~2 min) was cut to keep CI's test time in budget. (A sample may still be dropped
     as stale when a rollout's stall release admits an extra batch while a slow trainer step runs; that is
     counted, not trained.)"""
-    run = run_job(tmp_path, "sync", 8, None)
+    gae = {"trainer": {"algorithm": {"name": "gae", "lam": 0.95, "critic": {"lr": 1e-3}}}}
+    run = run_job(tmp_path, "sync", 8, None, patch=gae)
     steps = run["steps"]
+    # PPO with a critic through the real trainer process: the critic fits the returns as it trains
+    value_losses = [s["value_loss"] for s in steps]
+    assert sum(value_losses[-3:]) < sum(value_losses[:3]), value_losses
     assert {v for s in steps for v in s["staleness"]} == {0}
     # every sample of every step came from the weights the trainer held: after each sync the engine's
     # logprobs equal the trainer's (fp32 on both sides; measured ~3e-7)

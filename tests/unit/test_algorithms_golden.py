@@ -26,6 +26,7 @@ from asyncrl_workloads.trainer.algorithms import (
     policy_loss,
     regularizers,
     shaping,
+    value,
 )
 from torch.testing import assert_close
 
@@ -201,9 +202,9 @@ def test_reinforce_plus_plus_matches_verl(anchors: anchor_imports.Anchors, gamma
     tool-output token, which both drop), the running return carried through tool output, whitened over
     every trained token."""
     rewards = torch.zeros_like(MASK)
-    for row, col, value in ((0, 1, 0.5), (0, 5, 1.0), (1, 2, 0.7), (1, 5, -1.0), (2, 2, 1.0), (3, 0, 0.3),
+    for row, col, r in ((0, 1, 0.5), (0, 5, 1.0), (1, 2, 0.7), (1, 5, -1.0), (2, 2, 1.0), (3, 0, 0.3),
                             (3, 3, 0.4), (4, 4, -0.5), (5, 1, 1.0), (6, 0, 0.2), (6, 3, 0.8)):  # fmt: skip
-        rewards[row, col] = value
+        rewards[row, col] = r
     ours = advantages.reinforce_plus_plus(rewards, MASK, GROUPS, advantages.EstimatorSettings(gamma=gamma))
     theirs, _ = anchors.core_algos.compute_reinforce_plus_plus_outcome_advantage(
         rewards.clone(), MASK, config=types.SimpleNamespace(gamma=gamma)
@@ -632,3 +633,43 @@ def test_policy_objective_matches_areal_decoupled_ppo_with_rejection(
     mine = _value_and_grad(ours, logprobs)
     assert_close(mine, _value_and_grad(theirs, logprobs))
     assert float(mine[1].abs().sum()) > 0.0
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.99, 0.95)])
+def test_gae_matches_verl(anchors: anchor_imports.Anchors, gamma: float, lam: float) -> None:
+    """verl compute_gae_advantage_return: per-token rewards, the critic's values, tool output carrying the
+    next value and advantage through; the advantages whitened over the trained tokens, the returns not."""
+    rewards = torch.zeros_like(MASK)
+    for row, col, r in ((0, 5, 1.0), (1, 5, -1.0), (1, 2, 0.3), (2, 2, 0.5), (3, 3, 0.7), (4, 4, 0.7),
+                            (5, 1, 0.9), (6, 3, -1.0)):  # fmt: skip
+        rewards[row, col] = r
+    values = torch.randn(MASK.shape, generator=_rng(11)) * 0.5
+    ours_adv, ours_ret = value.gae(rewards, values, MASK, gamma, lam)
+    theirs_adv, theirs_ret = anchors.core_algos.compute_gae_advantage_return(
+        rewards.clone(), values.clone(), MASK, gamma, lam
+    )
+    assert_close(ours_adv, theirs_adv)
+    assert_close(ours_ret, theirs_ret)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clipped_value_loss_matches_verl(anchors: anchor_imports.Anchors, mode: str) -> None:
+    """verl compute_value_loss (0.5 * agg(max((V - R)^2, (clip(V, V_old +- c) - R)^2))) and its clip
+    fraction, for every aggregation mode, in value and gradient."""
+    predicted = (torch.randn(MASK.shape, generator=_rng(12)) * 0.8).requires_grad_(True)
+    returns = torch.randn(MASK.shape, generator=_rng(13))
+    old = predicted.detach() + torch.randn(MASK.shape, generator=_rng(14)) * 0.6
+    info = aggregation.BatchInfo(
+        tokens=float(MASK.sum()), sequences=float((MASK.sum(-1) > 0).sum()), scale=SCALE
+    )
+    per_token, clipped = value.value_loss(predicted, returns, old, 0.5)
+    ours = aggregation.AGGREGATIONS[mode](per_token, MASK, info)
+    (ours_grad,) = torch.autograd.grad(ours, predicted)
+    theirs_pred = predicted.detach().clone().requires_grad_(True)
+    theirs, fraction = anchors.core_algos.compute_value_loss(
+        theirs_pred, returns, old, MASK, 0.5, loss_agg_mode=mode, loss_scale_factor=SCALE
+    )
+    (theirs_grad,) = torch.autograd.grad(theirs, theirs_pred)
+    assert_close(ours, theirs)
+    assert_close(ours_grad, theirs_grad)
+    assert float((clipped * MASK).sum() / MASK.sum()) == pytest.approx(float(fraction), abs=1e-6)

@@ -10,12 +10,14 @@ One step (as in PPO's "old policy" scheme; the math is trainer/algorithms/, comp
      model, sharded like the policy; no grad): per micro-batch beside the policy's forward when the KL
      is in the loss, or over the whole step first (gathered from all ranks) when it is in the reward;
   2. advantages over the whole step (trainer/advantage.py: overlong shaping, KL in the reward, the
-     estimator, batch normalisation);
+     estimator - for name gae over the critic's values before the step, computed like the reference's
+     logprobs in the reward -, batch normalisation);
   3. proximal logprobs = the current policy before any update: the first mini-batch's own forward,
      detached (it trains on that policy), and one no-grad forward for each later mini-batch (none for
      correction none) - so the usual single update per step costs one forward, not two;
-  4. for each of `updates` mini-batches: forward, loss.policy_objective and backward over its
-     length-sorted micro-batches (``micro_batches``: gradients accumulate), clip the gradient norm,
+  4. for each of `updates` mini-batches: forward, loss.policy_objective and backward (and, for PPO with
+     a critic, the critic's clipped value loss toward the step's returns) over its length-sorted
+     micro-batches (``micro_batches``: gradients accumulate), clip the gradient norm,
      optimizer step - skipped (and counted) when the norm is not finite, so one bad batch cannot poison
      the weights every rollout then receives.
 With spec.teacher each micro-batch's loss also gets loss.teacher_kl_loss on the teacher logprobs the
@@ -42,8 +44,17 @@ import torch.distributed.fsdp.sharded_grad_scaler
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.trainer import advantage, fsdp, loss, precision
 from asyncrl_workloads.trainer.algorithms import aggregation, regularizers, shaping
+from asyncrl_workloads.trainer.algorithms import value as value_mod
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSettings:
+    path: str
+    """Where the critic's weights start (spec critic.path or spec.model.path); its value head is new."""
+    lr: float = 1e-5
+    value_clip: float = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +69,8 @@ class TrainSettings:
     kl_target: float | None = None
     """The adaptive reward-KL controller's target (None: a fixed coefficient)."""
     kl_horizon: int = 10000
+    critic: CriticSettings | None = None
+    """spec.trainer.algorithm.critic with name gae: the value model PPO trains beside the policy."""
     loss_scale_factor: float = 1.0
     """seq-mean-token-sum-norm's divisor (spec lossScaleFactor, default rollout.sampling.maxTokens)."""
     lr: float = 1e-6
@@ -172,14 +185,25 @@ class FSDP2Backend(TrainerBackend):
         if settings.kl > 0.0:
             self.reference = self._load_model(transformers).requires_grad_(False).eval()
         self.kl_control = shaping.AdaptiveKL(settings.kl, settings.kl_target, settings.kl_horizon)
+        self.critic: torch.nn.Module | None = None
+        """PPO's value model (name gae): the policy's architecture with a one-output token head."""
+        if settings.critic is not None:
+            self.critic = self._load_model(transformers, critic=settings.critic.path)
         self._make_optimizer()
 
-    def _load_model(self, transformers: Any) -> torch.nn.Module:
+    def _load_model(self, transformers: Any, critic: str | None = None) -> torch.nn.Module:
         """spec.model.path as float32 master weights sharded by FSDP2 (the shards keep the loaded dtype;
-        the mixed-precision policy casts for compute): the policy, and the reference built the same way."""
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            self.settings.model_path, dtype=torch.float32
-        )
+        the mixed-precision policy casts for compute): the policy, and the reference built the same way;
+        with `critic` (a model directory), that model with a new one-output token head (transformers'
+        *ForTokenClassification, verl's critic) instead of the language-model head."""
+        if critic is None:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                self.settings.model_path, dtype=torch.float32
+            )
+        else:
+            model = transformers.AutoModelForTokenClassification.from_pretrained(
+                critic, num_labels=1, dtype=torch.float32
+            )
         model.to(self.world.device)
         sharded: torch.nn.Module = fsdp.shard(model, self.world, self.precision.policy)
         return sharded
@@ -192,6 +216,13 @@ class FSDP2Backend(TrainerBackend):
         )  # float16 only; disabled it passes every call through. All ranks share found-inf (all-reduced).
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
         self.scheduler = self._schedule(self.optimizer)
+        if self.critic is not None and s.critic is not None:  # its own AdamW and loss scale, no schedule
+            self.critic_scaler = torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler(
+                device=self.world.device.type, enabled=self.precision.loss_scaling
+            )
+            self.critic_optimizer = torch.optim.AdamW(
+                self.critic.parameters(), lr=s.critic.lr, weight_decay=s.weight_decay
+            )
 
     def _schedule(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         """The learning rate: linear warmup over settings.warmup_steps steps, then constant."""
@@ -236,19 +267,32 @@ class FSDP2Backend(TrainerBackend):
 
     # --- the step -------------------------------------------------------------------------------
 
-    def _reference_pass(self, batch: list[trajectory_mod.Trajectory]) -> dict[str, torch.Tensor]:
-        """id -> (R,) reference logprobs of every sample of the step (no grad): each rank computes its
-        share of each micro-batch, then all ranks exchange them (the KL in the reward shapes every
-        sample's advantage, which every rank computes)."""
+    def _critic_values(self, trajs: list[trajectory_mod.Trajectory]) -> torch.Tensor:
+        """(B, R) the critic's value of the state before each response token (verl's values: the head's
+        output at the position that predicts the token)."""
+        assert self.critic is not None
+        seqs = [t.prompt_ids + t.response_ids for t in trajs]
+        input_ids = _pad([list(map(float, s)) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
+        attention = _pad([[1.0] * len(s) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
+        out = self.critic(input_ids=input_ids, attention_mask=attention).logits.float()  # (B, L, 1)
+        return response_logprobs(out[:, :-1, 0], trajs)  # (B, R): position i values the state before i+1
+
+    def _gathered_pass(
+        self,
+        batch: list[trajectory_mod.Trajectory],
+        forward: Callable[[list[trajectory_mod.Trajectory]], torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """id -> (R,) of `forward` (no grad) for every sample of the step: each rank computes its share of
+        each micro-batch, then all ranks exchange them (the reference's logprobs for the KL in the reward,
+        the critic's old values: every sample's advantage depends on them, and every rank computes all)."""
         mine: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for micro in self._micro(batch):
                 rows, real = self._shard(micro)
-                if not real:  # this rank's slice is empty: run the collective forward, keep nothing
-                    self._response_logprobs(rows, reference=True)
+                out = forward(rows)  # an empty slice still runs the collective forward, and keeps nothing
+                if not real:
                     continue
-                logp, _ = self._response_logprobs(rows, reference=True)
-                for t, row in zip(rows, logp, strict=True):
+                for t, row in zip(rows, out, strict=True):
                     mine[t.id] = row[: len(t.response_ids)].cpu()
         merged: dict[str, torch.Tensor] = {}
         for part in fsdp.all_gather_object(mine, self.world):
@@ -262,8 +306,13 @@ class FSDP2Backend(TrainerBackend):
         obj = s.objective
         if s.teacher_kl_coef is not None and teacher is None:
             raise ValueError("a teacher job's batch came without teacher logprobs")
-        reference = self._reference_pass(batch) if s.advantage.kl_in_reward else None
-        step_adv = advantage.compute(batch, s.advantage, reference, self.kl_control.value)
+        reference = None
+        if s.advantage.kl_in_reward:
+            reference = self._gathered_pass(
+                batch, lambda rows: self._response_logprobs(rows, reference=True)[0]
+            )
+        values = self._gathered_pass(batch, self._critic_values) if self.critic is not None else None
+        step_adv = advantage.compute(batch, s.advantage, reference, self.kl_control.value, values)
         if s.advantage.kl_in_reward:
             self.kl_control.update(step_adv.metrics["reward_kl"], len(batch))
         adv_of = step_adv.per_sample
@@ -331,6 +380,8 @@ class FSDP2Backend(TrainerBackend):
                     metrics.update(kl_metrics)
                 self._backward(part)
                 value += float(part.detach())
+                if self.critic is not None and values is not None:
+                    metrics.update(self._critic_backward(mine, mask.to(dev), info, values, step_adv.returns))
                 tokens = float(mask.sum())
                 with torch.no_grad():
                     metrics["logprob_abs_diff"] = float(
@@ -341,6 +392,8 @@ class FSDP2Backend(TrainerBackend):
                 local_tokens += tokens
             norm = self._update()
             chunk_metrics = {key: val / max(local_tokens, 1.0) for key, val in weighted.items()}
+            if self.critic is not None:
+                chunk_metrics["critic_grad_norm"] = self._critic_update()
             chunk_metrics["skipped_updates"] = 0.0 if math.isfinite(norm) else float(len(chunks))
             chunk_metrics["loss"] = value
             chunk_metrics["grad_norm"] = norm
@@ -355,6 +408,42 @@ class FSDP2Backend(TrainerBackend):
         totals["samples"] = float(len(batch))
         totals["lr"] = float(self.scheduler.get_last_lr()[0])
         return totals
+
+    def _critic_backward(
+        self,
+        mine: list[trajectory_mod.Trajectory],
+        mask: torch.Tensor,
+        info: aggregation.BatchInfo,
+        old: Mapping[str, torch.Tensor],
+        returns: Mapping[str, torch.Tensor],
+    ) -> dict[str, float]:
+        """The critic's share of the clipped value loss on one micro-batch (aggregated like the policy's
+        loss, verl's critic loss_agg_mode), backward; gradients accumulate until _critic_update."""
+        dev = self.world.device
+        predicted = self._critic_values(mine)  # (B, R)
+        target = _pad([returns[t.id].tolist() for t in mine], 0.0, torch.float32).to(dev)  # (B, R)
+        before = _pad([old[t.id].tolist() for t in mine], 0.0, torch.float32).to(dev)  # (B, R)
+        assert self.settings.critic is not None
+        per_token, clipped = value_mod.value_loss(predicted, target, before, self.settings.critic.value_clip)
+        part = aggregation.AGGREGATIONS[self.settings.objective.aggregation](per_token, mask, info)
+        self.critic_scaler.scale(part * self.world.size).backward()  # type: ignore[no-untyped-call]
+        count = mask.sum().clamp(min=1.0)
+        return {
+            "value_loss": float((per_token.detach() * mask).sum() / count),
+            "value_clip_fraction": float((clipped * mask).sum() / count),
+        }
+
+    def _critic_update(self) -> float:
+        """Clip and apply the critic's accumulated gradients (skipped when not finite); its norm."""
+        assert self.critic is not None
+        self.critic_scaler.unscale_(self.critic_optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.settings.grad_clip)
+        norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        if math.isfinite(norm):
+            self.critic_scaler.step(self.critic_optimizer)
+        self.critic_scaler.update()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        return norm
 
     def _backward(self, part: torch.Tensor) -> None:
         """Backward of one micro-batch's share of the loss; gradients accumulate."""
@@ -390,6 +479,9 @@ class FSDP2Backend(TrainerBackend):
         }
         if self.precision.loss_scaling:  # float16's loss scale (a disabled scaler has no state)
             state["scaler"] = self.scaler.state_dict()
+        if self.critic is not None:
+            critic_sd, critic_optim_sd = dcp_state.get_state_dict(self.critic, self.critic_optimizer)
+            state["critic"] = {"model": critic_sd, "optim": critic_optim_sd}
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -402,6 +494,14 @@ class FSDP2Backend(TrainerBackend):
         if "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.load_algorithm_state(state)
+        if self.critic is not None:
+            critic = state["critic"]
+            dcp_state.set_state_dict(
+                self.critic,
+                self.critic_optimizer,
+                model_state_dict=critic["model"],
+                optim_state_dict=critic["optim"],
+            )
 
     def algorithm_state(self) -> dict[str, Any]:
         """What the algorithm carries from step to step: the adaptive reward-KL coefficient."""

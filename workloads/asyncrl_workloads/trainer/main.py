@@ -18,6 +18,7 @@ import pathlib
 import signal
 from typing import Any
 
+from asyncrl_api import algorithm as algorithm_api
 from asyncrl_api import config as config_mod
 
 from asyncrl_workloads import metrics as metrics_mod
@@ -51,6 +52,7 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
         kl=algo.kl,
         kl_target=algo.kl_target,
         kl_horizon=algo.kl_horizon,
+        critic=critic_settings(cfg),
         loss_scale_factor=float(algo.loss_scale_factor or spec.rollout.sampling.max_tokens),
         lr=opt.lr,
         weight_decay=opt.weight_decay,
@@ -94,6 +96,18 @@ def advantage_settings(cfg: config_mod.JobConfig) -> advantage.AdvantageSettings
         ),
         kl_in_reward=algo.kl > 0.0 and algo.kl_placement == "reward",
         kl_estimator=_kl_estimator(cfg),
+        lam=algo.lam,
+    )
+
+
+def critic_settings(cfg: config_mod.JobConfig) -> backend_mod.CriticSettings | None:
+    """name gae's value model: spec critic (its defaults when unset), starting from spec.model.path."""
+    algo = cfg.spec.trainer.algorithm
+    if algo.name != "gae":
+        return None
+    critic = algo.critic or algorithm_api.CriticSpec()
+    return backend_mod.CriticSettings(
+        path=critic.path or cfg.spec.model.path, lr=critic.lr, value_clip=critic.value_clip
     )
 
 

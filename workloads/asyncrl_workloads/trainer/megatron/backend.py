@@ -101,6 +101,11 @@ class MegatronBackend(backend.FSDP2Backend):
             megatron_model.load_hf(self.reference, hf, self.arch, settings.tp, parallel.tp_rank())
             self.reference.requires_grad_(False).eval()
         self.kl_control = shaping.AdaptiveKL(settings.kl, settings.kl_target, settings.kl_horizon)
+        self.critic = None  # PPO with a critic is fsdp2's (admission refuses name gae with megatron)
+        if settings.critic is not None:
+            raise backend.Unsupported(
+                "spec.trainer.algorithm.name: gae (a critic) needs trainer.backend fsdp2"
+            )
         del hf
         if world.is_main:
             log.info(

@@ -214,3 +214,16 @@ def test_a_taken_weight_sync_port_is_one_clear_error(tmp_path):
         cfg.endpoints.weight_sync_port = port
         with pytest.raises(main.StartupError, match=f"^endpoints.weightSyncPort: cannot host .* on {port}: "):
             main.make_sender(cfg)
+
+
+def test_a_hub_id_as_model_path_says_how_to_save_it(tmp_path, capsys, monkeypatch):
+    """spec.model.path Qwen/Qwen3-8B (a Hub id, as verl and AReaL configs give it): nothing is downloaded
+    at run time, so the pod's one line (its termination message, in kubectl describe arj) says how to
+    save it on a volume instead of only that config.json is missing."""
+    monkeypatch.chdir(tmp_path)
+    assert entry.main(["--config", str(write(tmp_path, "Qwen/Qwen3-8B"))]) == 2
+    line = one_line(capsys)
+    assert line.startswith(
+        "asyncrl-trainer: spec.model.path: no model at Qwen/Qwen3-8B (config.json missing)"
+    )
+    assert "huggingface-cli download Qwen/Qwen3-8B --local-dir /models/Qwen3-8B" in line

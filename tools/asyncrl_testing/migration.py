@@ -1,11 +1,12 @@
-"""verl and AReaL configs written from their documented key names, for the ``asyncrl import`` tests: the unit
-tests (tests/unit/test_import_command.py: the fields, the unmapped list, the operator's admission) and the
-server-side dry run on the real apiserver (tests/cluster/test_import_dry_run.py).
+"""verl and AReaL configs for the ``asyncrl import`` tests: the unit tests (tests/unit/test_import_command.py,
+tests/unit/test_import_anchors.py: fields, counts, refusals, the operator's admission) and the server-side
+dry run on the real apiserver (tests/cluster/test_import_dry_run.py).
 
-VERL_FULLY_ASYNC_AGENT: verl's fully_async_policy (``async_training``), separate rollout and trainer pools,
-the multi-turn agent loop; ``${oc.env:DATA_ROOT}`` in the data paths. AREAL_AGENT_ASYNC: AReaL async GRPO
-(``max_head_offpolicyness``) with its agent mode and an admin key from ``${oc.env:AREAL_ADMIN_API_KEY}``,
-plus a literal W&B key that must never be copied.
+VERL_FULLY_ASYNC_AGENT, AREAL_AGENT_ASYNC: configs written from the two frameworks' documented key names
+(a verl fully_async agent loop with ``${oc.env:DATA_ROOT}`` paths; AReaL async GRPO with its agent mode,
+an admin key from the environment and a literal W&B key that must never be copied). VERL_SEED,
+AREAL_SEED: the seed documents' two configs as the blog posts print them (``shared/seeds/``). The
+anchors' own examples are in ``migration_verl.py`` and ``migration_areal.py``.
 """
 
 from __future__ import annotations
@@ -104,11 +105,88 @@ actor:
   ppo_n_minibatches: 1
   use_decoupled_loss: true
   behav_imp_weight_cap: 5.0
+  reward_norm: {mean_level: group, std_level: group, group_size: "${gconfig.n_samples}"}
+  adv_norm: {mean_level: batch, std_level: batch}
   weight_update_mode: xccl
 vllm: {max_model_len: 4096, gpu_memory_utilization: 0.8}
 train_dataset: {batch_size: 256, path: /data/gsm8k/train.parquet, type: rl}
 valid_dataset: {path: /data/gsm8k/test.parquet}
-saver: {freq_steps: 50}
+saver:
+  freq_steps: 50
 stats_logger:
   wandb: {mode: online, api_key: sk-literal-never-copied}
+"""
+
+# --- the seed documents (shared/seeds/), their configs as the posts print them ----------------------
+
+VERL_SEED = """
+# fully_async_ppo.yaml
+trainer:
+  class: FullyAsyncTrainer
+  ppo_mini_batch_size: 64
+  require_batches: 2
+  trigger_parameter_sync_step: 4
+  use_trainer_do_validate: true
+rollouter:
+  class: FullyAsyncRollouter
+  max_queue_size: 512
+  partial_rollout: true
+message_queue:
+  class: MessageQueue
+  max_queue_size: 512
+# agent_loop_config.yaml
+agent_loop:
+  name: tool_agent
+  max_user_turns: 3
+  max_assistant_turns: 5
+  max_parallel_calls: 2
+  tool_selection: per_sample
+  tool_parser:
+    name: function_call_parser
+    stop_token_ids: [128009]
+  llm_client:
+    base_url: "https://taotoken.net/api"
+    api_key: "${TAOTOKEN_API_KEY}"
+    model: "your-rollout-model-id"
+# separation_config.yaml
+resource_pool:
+  trainer_pool:
+    num_gpus: 8
+  rollout_pool:
+    num_gpus: 8
+actor_worker:
+  class: DetachActorWorker
+  strategy: fsdp2
+"""
+
+AREAL_SEED = """
+# configs/agent_async_train.yaml
+train:
+  engine: archon
+  parallelism:
+    dp: 4
+    tp: 2
+    pp: 1
+    cp: 1
+    ep: 1
+  global_batch_size: 64
+  mini_batch_size: 8
+  learning_rate: 1.0e-6
+  max_steps: 2000
+async:
+  enabled: true
+  rollout_workers: 8
+  train_workers: 4
+  staleness_threshold: 2
+  queue_max_size: 256
+  trigger_batch_size: 32
+agent:
+  gateway_config: "configs/taotoken_router.yaml"
+  framework: "openclaw"
+  max_turns: 10
+  reward_source: "reward_model"
+logging:
+  log_dir: "./logs/areal_async"
+  log_interval: 10
+  save_interval: 200
 """

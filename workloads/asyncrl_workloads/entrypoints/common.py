@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import pathlib
+import re
 import sys
 
 import pydantic
@@ -48,8 +49,22 @@ def load_config(path: str) -> config_mod.JobConfig:
         raise Refused(2, f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     model = pathlib.Path(cfg.spec.model.path)
     if not (model / "config.json").is_file() and cfg.spec.model.create is None:
-        raise Refused(2, f"spec.model.path: no model at {model} (config.json missing)")
+        raise Refused(2, f"spec.model.path: no model at {model} (config.json missing){hub_hint(model)}")
     return cfg
+
+
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+"""A Hugging Face Hub id (owner/name): a relative path of two parts."""
+
+
+def hub_hint(model: pathlib.Path) -> str:
+    """What to do when spec.model.path looks like a Hub id: nothing is downloaded at run time."""
+    if model.is_absolute() or not HUB_ID.fullmatch(str(model)):
+        return ""
+    return (
+        f"; {model} looks like a Hugging Face Hub id: nothing is downloaded at run time, save it on a volume"
+        f" first (huggingface-cli download {model} --local-dir /models/{model.name}) and set that path"
+    )
 
 
 QUIET_LOGGERS = ("httpx", "httpx2", "openai")

@@ -176,11 +176,32 @@ _SPEC_RULES = (
         ),
     ),
     base.Rule(
+        cel="!has(self.trainer.lora) || self.weightSync.backend == 'gloo'",
+        message="trainer.lora needs weightSync.backend gloo today: the NCCL receiver loads full weights"
+        " into vLLM, not an adapter (the LoRA payload is gloo's; GPU jobs train full weights for now)",
+        field_path=".trainer.lora",
+        check=lambda s: s.trainer.lora is None or s.weight_sync.backend == "gloo",
+    ),
+    base.Rule(
         cel="self.trainer.algorithm.name != 'gae' || self.trainer.backend == 'fsdp2'",
         message="trainer.algorithm.name gae (PPO with a critic) is built on trainer.backend fsdp2 only; the"
         " megatron backend has no critic",
         field_path=".trainer.algorithm.name",
         check=lambda s: s.trainer.algorithm.name != "gae" or s.trainer.backend == "fsdp2",
+    ),
+    base.Rule(
+        cel="self.trainer.backend != 'megatron' || !has(self.model.create)"
+        " || !has(self.model.create.architecture) || self.model.create.architecture in "
+        + str(list(task.MEGATRON_ARCHITECTURES)),
+        message="model.create.architecture: trainer.backend megatron builds "
+        + ", ".join(task.MEGATRON_ARCHITECTURES)
+        + "; train the others (qwen3's q/k norm, mistral, qwen3_moe's experts) on trainer.backend fsdp2",
+        field_path=".model.create.architecture",
+        check=lambda s: (
+            s.trainer.backend != "megatron"
+            or s.model.create is None
+            or s.model.create.architecture in task.MEGATRON_ARCHITECTURES
+        ),
     ),
     base.Rule(
         cel="!has(self.trainer.algorithm.dynamicSampling) || self.rollout.sampling.samplesPerPrompt > 1",

@@ -15,6 +15,7 @@ import pydantic
 from asyncrl_api import algorithm as algorithm_mod
 from asyncrl_api import autoscale as autoscale_mod
 from asyncrl_api import base
+from asyncrl_api import lora as lora_mod
 
 QUANTITY = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
 """A non-negative Kubernetes resource quantity ("4", "0.5", "500m", "16Gi", "1e3")."""
@@ -307,7 +308,39 @@ class BatchSpec(base.APIModel):
     micro_batch_tokens: int = pydantic.Field(default=8192, ge=64, le=16_777_216)
     """Padded tokens per trainer rank in one forward/backward: each mini-batch is split into
     length-sorted micro-batches of at most this size (gradients accumulate), so long-tailed responses
-    do not pad every row to the longest. Lower it when a step runs out of accelerator memory."""
+    do not pad every row to the longest; with memory.packing, real tokens. Lower it when a step runs
+    out of accelerator memory."""
+
+
+class MemorySpec(base.APIModel):
+    """How the trainer fits a model and long sequences in accelerator memory (docs/model-scale.md).
+    Backend settings, applied where the model is built and sharded; none changes the loss or the
+    gradients (tests/dataplane/test_memory.py)."""
+
+    activation_checkpointing: bool = True
+    """Keep only each decoder layer's input in forward and recompute the layer in backward (verl's
+    default): activation memory drops from all layers' to about one layer's, for about one more
+    forward of compute. fsdp2: torch.utils.checkpoint around every decoder layer; megatron: its full
+    uniform recompute of every layer (on GPU; its checkpoint function reads the CUDA RNG state, so the
+    CPU path runs without)."""
+    logprob_chunk_tokens: int = pydantic.Field(default=4096, ge=0, le=1_048_576)
+    """Log-probabilities and entropy are computed from the final hidden states this many tokens at a
+    time (the language-model head, log-softmax and the token's pick per chunk, each chunk recomputed
+    in backward), so [tokens x vocabulary] logits never exist for a whole micro-batch: for a 152k
+    vocabulary one 4096-token chunk holds 2.5 GB of float32 logits where a 16k-token micro-batch would
+    hold 10 GB. 0: the whole micro-batch's logits at once. fsdp2 only (megatron's vocabulary-parallel
+    log-softmax already splits the vocabulary over tensor-parallel ranks)."""
+    packing: bool = False
+    """Pack each micro-batch's sequences into one row without padding (fsdp2): position ids restart at
+    each sequence, and transformers' attention keeps the sequences apart (varlen flash-attention on GPU,
+    a block-diagonal causal mask with sdpa on CPU); batch.microBatchTokens then counts real tokens. The
+    same log-probabilities and gradients as the padded rows; megatron refuses it (its CPU attention
+    takes no packed sequences and its GPU path is not built for them)."""
+    offload: bool = False
+    """Keep what the accelerator does not need between uses in CPU memory. fsdp2: torch's
+    CPUOffloadPolicy (parameter shards, gradients and the optimizer step on the CPU; each layer's
+    parameters are copied in for its forward and backward); megatron: its distributed optimizer's
+    CPU offload (Adam's float32 state and step on the CPU). Needs gpusPerReplica > 0."""
 
 
 _CHECKPOINT_RULES = (
@@ -396,6 +429,28 @@ _TRAINER_RULES = (
         check=lambda t: t.backend == "megatron" or (t.parallelism.pp == 1 and t.parallelism.ep == 1),
     ),
     base.Rule(
+        cel="self.backend != 'megatron' || !self.memory.packing",
+        message="memory.packing is fsdp2's: megatron's attention here takes no packed sequences (its CPU"
+        " attention refuses them, and its GPU path would need THD packed-sequence parameters); leave it"
+        " false",
+        field_path=".memory.packing",
+        check=lambda t: t.backend != "megatron" or not t.memory.packing,
+    ),
+    base.Rule(
+        cel="!self.memory.offload || self.gpusPerReplica > 0",
+        message="memory.offload moves accelerator memory to the CPU: a CPU trainer (gpusPerReplica 0)"
+        " has nothing to offload; leave it false",
+        field_path=".memory.offload",
+        check=lambda t: not t.memory.offload or t.gpus_per_replica > 0,
+    ),
+    base.Rule(
+        cel="self.backend == 'fsdp2' || !has(self.lora)",
+        message="lora is built on backend fsdp2 only (peft adapters on the FSDP2 policy); megatron has no"
+        " LoRA yet: use backend fsdp2 or leave lora unset",
+        field_path=".lora",
+        check=lambda t: t.backend == "fsdp2" or t.lora is None,
+    ),
+    base.Rule(
         cel="self.batch.prompts >= self.batch.miniBatches",
         message="batch.miniBatches may not exceed batch.prompts",
         field_path=".batch.miniBatches",
@@ -429,10 +484,16 @@ class TrainerSpec(base.APIModel):
     """Objective and off-policy correction."""
     optimizer: OptimizerSpec = pydantic.Field(default_factory=OptimizerSpec)
     """Optimizer settings."""
+    lora: lora_mod.LoraSpec | None = None
+    """Train low-rank adapters instead of the whole policy (asyncrl_api/lora.py; docs/model-scale.md):
+    only the adapters train, are checkpointed and are sent to the rollouts, which serve them as a vLLM
+    LoRA adapter. Unset: full fine-tuning. fsdp2 only; its checkpoints resume only a LoRA job."""
     batch: BatchSpec = pydantic.Field(default_factory=BatchSpec)
     """Batch per step."""
     checkpoint: CheckpointSpec = pydantic.Field(default_factory=CheckpointSpec)
     """Checkpointing."""
+    memory: MemorySpec = pydantic.Field(default_factory=MemorySpec)
+    """Activation checkpointing, chunked log-probabilities and offload."""
     resources: Resources = pydantic.Field(default_factory=Resources)
     """Extra resources (cpu, memory) per trainer pod."""
     node_selector: dict[LabelKey, LabelValue] = pydantic.Field(default_factory=dict, max_length=64)

@@ -16,6 +16,11 @@ from asyncrl_api import agents, base
 HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU and GPU attention backends accept."""
 
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe")
+"""What spec.model.create builds (transformers' own config classes, scaled down; tinymodel.py)."""
+MEGATRON_ARCHITECTURES = ("llama", "qwen2")
+"""The created architectures trainer.backend megatron builds (its architecture.SUPPORTED)."""
+
 IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 """A Python callable as "package.module:function"."""
 
@@ -26,12 +31,20 @@ _TINY_RULES = (
         field_path=".heads",
         check=lambda m: m.hidden % m.heads == 0 and m.hidden // m.heads in HEAD_DIMS,
     ),
+    base.Rule(
+        cel="!has(self.kvHeads) || self.heads % self.kvHeads == 0",
+        message="heads must be a multiple of kvHeads (each key/value head serves heads / kvHeads query"
+        " heads)",
+        field_path=".kvHeads",
+        check=lambda m: m.kv_heads is None or m.heads % m.kv_heads == 0,
+    ),
 )
 
 
 class TinyModelSpec(base.APIModel):
-    """A tiny randomly initialised Llama-architecture model with a character-level tokenizer, created
-    at model.path when nothing is there yet (deterministic from the seed). For tests and the local runner."""
+    """A tiny randomly initialised model of an architecture users train, with a character-level
+    tokenizer, created at model.path when nothing is there yet (deterministic from the seed). For tests
+    and the local runner."""
 
     model_config = pydantic.ConfigDict(json_schema_extra=base.cel_extra(*_TINY_RULES))
 
@@ -45,6 +58,13 @@ class TinyModelSpec(base.APIModel):
     """Hidden size."""
     heads: int = pydantic.Field(default=2, ge=1, le=64)
     """Attention heads; hidden / heads must be a head size vLLM supports (e.g. 64)."""
+    kv_heads: int | None = pydantic.Field(default=None, ge=1, le=64)
+    """Key/value heads (grouped-query attention, as qwen2/qwen3 ship); heads must be a multiple of it.
+    Unset: as many as heads."""
+    architecture: Literal["llama", "qwen2", "qwen3", "mistral", "qwen3_moe"] = "llama"
+    """The transformers configuration the model is built from, scaled down: llama; qwen2 (q/k/v
+    biases); qwen3 (q/k RMSNorm); mistral (llama's layout, sliding window off); qwen3_moe (4 routed
+    experts, top 2, in every layer). trainer.backend megatron builds llama and qwen2."""
     chat: bool = False
     """Add ChatML and tool-call special tokens (`<|im_start|>`, `<|im_end|>`, `<tool_call>`,
     `</tool_call>`) and a chat template with tool support, so data.format chat and spec.agent run on
@@ -418,6 +438,12 @@ class GatewaySpec(base.APIModel):
     """With export individual, a call's reward is its own plus this times its continuation's
     (rewards flow back over turns, AReaL's turn discount); 1.0 gives every call of a chain the reward
     set at its end."""
+    hosted_tools: Literal["drop", "refuse"] = "drop"
+    """Responses API tools that the vendor's service runs and the gateway cannot (`web_search`,
+    `file_search`, `code_interpreter`, `computer_use_preview`, `image_generation`, `mcp`, `local_shell`,
+    ...; Codex CLI always offers `web_search`): drop leaves them out of what the model sees, counts them
+    (`asyncrl_gateway_hosted_tools_dropped_total{type}`) and names them in the response header
+    `x-asyncrl-dropped-tools`; refuse answers 400 naming the tool (docs/agent-frameworks.md)."""
 
 
 _TOOL_LOOP_ONLY = (

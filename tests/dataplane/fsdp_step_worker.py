@@ -12,8 +12,9 @@ also write the step's checkpoint there as the trainer does (test_export.py). Wit
 steps of RLOO with a KL to the reference both in the reward (k1, gathered from every rank before the
 advantages) and in the loss (k3), an entropy bonus and dual-clip; OUT_FILE then also holds the
 reference's full weights after them and each step's metrics. With --critic: PPO with a critic (GAE),
-four steps, a checkpoint, a second backend resumed from it, and one more step on both; OUT_FILE holds
-the steps' metrics, the critic's weights after the checkpoint on both sides, and the last step of both.
+and an adaptive KL penalty in the reward, four steps, a checkpoint, a second backend resumed from it, and
+one more step on both; OUT_FILE holds the steps' metrics, the critic's weights and the KL coefficient
+after the checkpoint on both sides, and the last step of both.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def main() -> None:
         return
     b = backend.FSDP2Backend(settings, world)
     forwards = []
-    b.model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
+    base = b.model.model  # the decoder: runs once per forward (log-probs apply the head to its output)
+    base.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
     metrics = b.step(batch())
     weights = {name: t.clone() for name, t in b.full_tensors()}
     if world.is_main:
@@ -105,9 +107,12 @@ def reference_steps(settings: backend.TrainSettings, world: fsdp.World, out: str
 
 
 def critic_steps(settings: backend.TrainSettings, world: fsdp.World, out: str, root: pathlib.Path) -> None:
-    gae = advantage.AdvantageSettings(estimator="gae", lam=0.95)
+    # with an adaptive KL penalty in the reward: its coefficient is state the checkpoint must carry
+    gae = advantage.AdvantageSettings(estimator="gae", lam=0.95, kl_in_reward=True, kl_estimator="k1")
     critic = backend.CriticSettings(path=settings.model_path, lr=1e-2)
-    settings = dataclasses.replace(settings, advantage=gae, critic=critic)
+    settings = dataclasses.replace(
+        settings, advantage=gae, critic=critic, kl=0.05, kl_target=0.01, kl_horizon=20
+    )
     b = backend.FSDP2Backend(settings, world)
     steps = [b.step(batch()) for _ in range(4)]
     saver = checkpoint.Checkpointer(root, 1, 1, world, model_path=settings.model_path)
@@ -116,9 +121,10 @@ def critic_steps(settings: backend.TrainSettings, world: fsdp.World, out: str, r
     saver.load(saved, resumed)
     assert b.critic is not None and resumed.critic is not None
     critics = [{n: t.clone() for n, t in fsdp.full_tensors(c)} for c in (b.critic, resumed.critic)]
+    kl_coefs = [b.kl_control.value, resumed.kl_control.value]
     last = [b.step(batch()), resumed.step(batch())]
     if world.is_main:
-        torch.save({"steps": steps, "critics": critics, "last": last}, out)
+        torch.save({"steps": steps, "critics": critics, "last": last, "kl_coefs": kl_coefs}, out)
     fsdp.shutdown()
 
 

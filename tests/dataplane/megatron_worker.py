@@ -146,6 +146,9 @@ def megatron_step(hf: Any) -> dict[str, Any]:
     # its share of the whole batch's loss, times dp: averaging the gradients over DP sums the shares
     share = parallel.dp_size() * pg_loss(own, mask[rows], advantages[rows], tokens=mask.sum())
     share.backward()
+    recompute = recompute_difference(
+        hf, arch, ids[rows], mask[rows], advantages[rows], mask.sum(), own, model
+    )
     grads.average_data_parallel(model)
     norm = grads.clip_grad_norm(model, CLIP)
     torch.optim.SGD(model.parameters(), lr=LR).step()
@@ -162,7 +165,36 @@ def megatron_step(hf: Any) -> dict[str, Any]:
         "weights": megatron_model.hf_state(model, arch),
         "spread_before": spread_before,
         "spread_after": replicated_spread(model, group),
+        "recompute_difference": recompute,
     }
+
+
+def recompute_difference(
+    hf: Any,
+    arch: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    tokens: torch.Tensor,
+    logprobs: torch.Tensor,
+    plain: torch.nn.Module,
+) -> float:
+    """The same forward and backward on a GPTModel built with activation recompute
+    (spec.trainer.memory.activationCheckpointing, megatron's full uniform recompute): the largest
+    |difference| of its logprobs and of any local gradient from the plain model's (before DP averaging)."""
+    tp, rank = parallel.tp_size(), parallel.tp_rank()
+    model = megatron_model.build(arch, tp, recompute=True)
+    megatron_model.load_hf(model, hf.state_dict(), arch, tp, rank)
+    assert model.config.recompute_granularity == "full"
+    with cuda_on_cpu.rng_on_cpu():
+        own = megatron_model.token_logprobs(model, ids, arch.vocab_size)
+        (parallel.dp_size() * pg_loss(own, mask, advantages, tokens=tokens)).backward()
+    worst = float((own.detach() - logprobs.detach()).abs().max())
+    theirs = dict(plain.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.grad is not None and theirs[name].grad is not None, name
+        worst = max(worst, float((p.grad - theirs[name].grad).abs().max()))
+    return worst
 
 
 def hf_step(hf: Any) -> dict[str, Any]:

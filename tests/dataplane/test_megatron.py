@@ -72,6 +72,13 @@ def test_megatron_logprobs_equal_the_hf_models(runs, name, tp):
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
 @pytest.mark.parametrize("tp", [1, 2])
+def test_megatrons_activation_recompute_keeps_the_logprobs_and_gradients(runs, name, tp):
+    # spec.trainer.memory.activationCheckpointing: megatron's full uniform recompute of every layer
+    assert runs[tp][name]["recompute_difference"] <= 1e-5  # float32 rounding at most
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("tp", [1, 2])
 def test_one_megatron_step_updates_the_weights_as_the_hf_step(runs, name, tp):
     # TP=1 runs in both processes as DP=2, each on its half of the batch; TP=2 is DP=1
     out, ref = runs[tp][name], runs["hf"][name]

@@ -130,10 +130,11 @@ def test_the_reference_stays_frozen_while_the_policy_moves_on_one_and_two_ranks(
 
 
 def test_ppo_with_a_critic_fits_its_values_and_resumes_it_from_a_checkpoint(tiny_model, tmp_path):
-    """name gae: the critic (the tiny model with a new value head) trains on the clipped value loss toward
-    the GAE returns (its loss falls over four steps on the same batch), checkpoints with the policy, and a
-    backend resumed from that checkpoint holds the same critic and takes the same next step (its AdamW
-    moments came back too); two ranks agree with one."""
+    """name gae with an adaptive KL penalty in the reward: the critic (the tiny model with a new value
+    head) trains on the clipped value loss toward the GAE returns (its loss falls over four steps on the
+    same batch), checkpoints with the policy, and a backend resumed from that checkpoint holds the same
+    critic and KL coefficient and takes the same next step (its AdamW moments came back too); two ranks
+    agree with one."""
     one = run_fsdp_step(tiny_model, tmp_path / "one.pt", 1, 24, "--critic", str(tmp_path / "c1"))
     two = run_fsdp_step(tiny_model, tmp_path / "two.pt", 2, 24, "--critic", str(tmp_path / "c2"))
     for run in (one, two):
@@ -142,6 +143,10 @@ def test_ppo_with_a_critic_fits_its_values_and_resumes_it_from_a_checkpoint(tiny
         saved, resumed = run["critics"]
         assert saved.keys() == resumed.keys() and "score.weight" in saved
         assert all(torch.equal(saved[k], resumed[k]) for k in saved)
+        saved_coef, resumed_coef = run["kl_coefs"]
+        assert (
+            saved_coef == resumed_coef and saved_coef != 0.05
+        )  # the adaptive coefficient moved and came back
         after_saved, after_resumed = run["last"]
         for key in ("value_loss", "loss", "grad_norm", "critic_grad_norm"):
             assert after_resumed[key] == pytest.approx(after_saved[key], rel=1e-5), key

@@ -97,3 +97,21 @@ def test_the_backend_computes_in_model_dtype_over_float32_shards(
     assert max(float((sent[k].float() - before[k]).abs().max()) for k in before) > 1e-3  # it trained
     assert b.logprob_gap  # the trainer-vs-engine logprob comparison ran on the bf16/fp16 forward
     assert all(math.isfinite(v) for v in b.logprob_gap.values())
+
+
+def test_cpu_offload_takes_the_same_step_with_the_shards_on_the_cpu(
+    tiny_model: pathlib.Path, world: fsdp.World
+) -> None:
+    # spec.trainer.memory.offload on fsdp2: torch's CPUOffloadPolicy on every unit
+    after = {}
+    for offload in (False, True):
+        memory = fsdp.Memory(offload=offload)
+        settings = backend.TrainSettings(model_path=str(tiny_model), lr=1e-2, rollout_gpus=1, memory=memory)
+        b = backend.FSDP2Backend(settings, world)
+        metrics = b.step(batch())
+        assert math.isfinite(metrics["grad_norm"]) and metrics["skipped_updates"] == 0.0
+        device = "cpu" if offload else "cuda"
+        assert {p.device.type for p in b.model.parameters()} == {device}  # the float32 master shards
+        after[offload] = {name: t.float().cpu() for name, t in b.full_tensors()}
+    for name, tensor in after[False].items():
+        torch.testing.assert_close(after[True][name], tensor, rtol=1e-4, atol=1e-5, msg=name)

@@ -11,8 +11,11 @@ import re
 import tomllib
 import types
 
+import pydantic
 import pytest
 import torch
+from asyncrl_api import models, task
+from asyncrl_workloads import tinymodel
 from asyncrl_workloads.trainer.megatron import architecture, convert
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -184,3 +187,31 @@ def test_from_hf_reads_a_llama_and_a_qwen2_config() -> None:
 def test_from_hf_refuses_what_it_cannot_build_naming_the_field(change: dict, field: str) -> None:
     with pytest.raises(architecture.UnsupportedModel, match=field):
         architecture.from_hf(types.SimpleNamespace(**{**LLAMA, **change}))
+
+
+@pytest.mark.parametrize("arch", [a for a in task.ARCHITECTURES if a not in architecture.SUPPORTED])
+def test_a_created_architecture_megatron_does_not_build_is_refused_naming_the_spec_field(arch, tmp_path):
+    """spec.model.create's architectures are admitted on megatron only where it builds them (the CEL
+    rule names spec.model.create.architecture); a model at spec.model.path is refused by the trainer
+    with that field and the supported set."""
+    import transformers
+    from asyncrl_workloads.trainer import backend
+    from asyncrl_workloads.trainer.megatron import backend as megatron_backend
+
+    assert task.MEGATRON_ARCHITECTURES == architecture.SUPPORTED
+    config_class = getattr(transformers, tinymodel.ARCHITECTURES[arch][0])
+    config_class(
+        hidden_size=128, num_attention_heads=2, intermediate_size=256, vocab_size=100
+    ).save_pretrained(tmp_path)
+    with pytest.raises(backend.Unsupported, match=rf"^spec\.model\.path: .*{arch}.*builds llama, qwen2"):
+        megatron_backend.read_architecture(str(tmp_path), 1)
+    with pytest.raises(
+        pydantic.ValidationError, match=r"model\.create\.architecture: trainer\.backend megatron"
+    ):
+        models.AsyncRLJobSpec.model_validate(
+            {
+                "model": {"path": "/m", "create": {"architecture": arch}},
+                "trainer": {"backend": "megatron"},
+                "data": {"prompts": "builtin:say_char", "format": "raw"},
+            }
+        )

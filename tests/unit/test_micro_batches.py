@@ -55,3 +55,21 @@ def test_sorted_micro_batches_pad_far_less_than_one_padded_batch():
 def test_a_sequence_longer_than_the_budget_gets_a_micro_batch_of_its_own():
     long, short = _traj(0, 10, 2000), _traj(1, 10, 5)
     assert backend.micro_batches([short, long], 1024, 1) == [[long], [short]]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_packed_micro_batches_count_each_ranks_real_tokens(world):
+    # spec.trainer.memory.packing: every rank's rows (rank::world) hold at most the budget in real tokens
+    rng = random.Random(5)
+    trajs = [_traj(i, 30, min(256, 1 + int(rng.expovariate(1 / 80)))) for i in range(64)]
+    micros = backend.micro_batches(trajs, 1024, world, packed=True)
+    assert sorted(t.id for m in micros for t in m) == sorted(t.id for t in trajs)
+
+    def fullest(rows: list[trajectory.Trajectory]) -> int:
+        return max(sum(_length(t) for t in rows[r::world]) for r in range(world))
+
+    assert all(fullest(m) <= 1024 for m in micros)
+    assert all(fullest([*m, nxt[0]]) > 1024 for m, nxt in zip(micros, micros[1:], strict=False))
+    # never more forwards than padded micro-batches of the same budget (a rank's real tokens never
+    # exceed its rows x the longest)
+    assert len(micros) <= len(backend.micro_batches(trajs, 1024, world))

@@ -46,3 +46,17 @@ def test_an_agent_jobs_cpu_engine_gets_small_kv_blocks_unless_the_job_sets_them(
     patch: dict[str, Any], block_size: int | None
 ) -> None:
     assert dict(settings(**patch).extra).get("block_size") == block_size
+
+
+@pytest.mark.parametrize(("rank", "max_rank"), [(None, 0), (1, 1), (8, 8), (9, 16), (200, 256), (512, 512)])
+def test_a_lora_jobs_engine_serves_adapters_up_to_the_smallest_vllm_rank_that_holds_the_spec(
+    rank: int | None, max_rank: int
+) -> None:
+    """spec.trainer.lora.rank -> vLLM's max_lora_rank (one of its allowed values); no lora: no LoRA."""
+    patch = CPU if rank is None else jobs.deep_merge(CPU, {"trainer": {"lora": {"rank": rank}}})
+    assert settings(**patch).max_lora_rank == max_rank
+    from asyncrl_workloads.rollout import engine
+
+    args = engine._lora_args(max_rank)
+    assert args == ({} if max_rank == 0 else {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1,
+                                               "max_cpu_loras": 1})  # fmt: skip

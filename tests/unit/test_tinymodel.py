@@ -7,8 +7,10 @@ import hashlib
 import json
 import pathlib
 import shutil
+import typing
 from typing import Any
 
+import pydantic
 import pytest
 from asyncrl_api import task
 from asyncrl_workloads import tinymodel
@@ -210,3 +212,17 @@ def test_a_marker_written_before_chat_existed_still_reads_as_a_plain_model(made,
     assert {p.name: p.stat().st_mtime_ns for p in old.iterdir()} == before
     with pytest.raises(tinymodel.TinyModelError, match="different parameters"):
         tinymodel.create_tiny_model(old, seed=3, chat=True)
+
+
+def test_every_architecture_the_spec_offers_is_created_and_bad_sizes_are_refused(tmp_path):
+    assert typing.get_args(task.TinyModelSpec.model_fields["architecture"].annotation) == task.ARCHITECTURES
+    assert tuple(tinymodel.ARCHITECTURES) == task.ARCHITECTURES
+    with pytest.raises(tinymodel.TinyModelError, match="num_kv_heads 3"):
+        tinymodel.create_tiny_model(tmp_path / "gqa", hidden_size=256, num_heads=4, num_kv_heads=3)
+    with pytest.raises(tinymodel.TinyModelError, match="architecture 'gpt2'"):
+        tinymodel.create_tiny_model(tmp_path / "gpt2", architecture="gpt2")
+    assert not (tmp_path / "gqa").exists() and not (tmp_path / "gpt2").exists()
+    with pytest.raises(pydantic.ValidationError, match="heads must be a multiple of kvHeads"):
+        task.TinyModelSpec(hidden=256, heads=4, kv_heads=3)
+    spec = task.TinyModelSpec.model_validate({"architecture": "qwen3_moe", "kvHeads": 1})
+    assert (spec.architecture, spec.kv_heads) == ("qwen3_moe", 1)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 from asyncrl_workloads.weightsync import base, checksum, rendezvous
@@ -24,6 +27,17 @@ def test_messages_round_trip() -> None:
     assert base.decode(base.encode(roster), base.Roster) == roster
     assert roster.member(2, "inc2") == roster.members[0] and roster.member(2, "other") is None
     assert plan.includes(2, "inc2") and not plan.includes(2, "restarted") and not plan.includes(1, "inc0")
+
+
+def test_a_lora_plan_carries_its_payload_kind_and_a_full_plan_none() -> None:
+    """One protocol, two payload kinds: the adapter (rank, alpha, targets) survives the wire; a plan
+    without it (every full-weights plan, and any written before the field existed) decodes to None."""
+    lora = dataclasses.replace(make_plan(), adapter=base.Adapter(16, 32.0, ("q_proj", "v_proj")))
+    assert base.decode(base.encode(lora), base.Plan) == lora
+    assert base.decode(base.encode(make_plan()), base.Plan).adapter is None
+    body = json.loads(base.encode(make_plan()))
+    del body["adapter"]
+    assert base.decode(json.dumps(body).encode(), base.Plan) == make_plan()
 
 
 @pytest.mark.parametrize(

@@ -60,3 +60,21 @@ def redirect() -> Iterator[None]:
             yield
     finally:
         torch.cuda.current_device = saved
+
+
+@contextlib.contextmanager
+def rng_on_cpu() -> Iterator[None]:
+    """megatron's activation recompute (tensor_parallel.CheckpointFunction) saves and restores the CUDA
+    RNG state with the CPU one (random.py `_get_all_rng_states`); without CUDA there is none. Inside,
+    the CUDA state is the CPU generator's and setting it does nothing (dropout is off on this path, so
+    no RNG is drawn between the two). For the CPU proof that recompute keeps the gradients only: the
+    trainer turns recompute on for megatron on GPU only."""
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    saved = megatron_random._get_cuda_rng_state, megatron_random._set_cuda_rng_state
+    megatron_random._get_cuda_rng_state = lambda *_, **__: torch.get_rng_state()
+    megatron_random._set_cuda_rng_state = lambda *_, **__: None
+    try:
+        yield
+    finally:
+        megatron_random._get_cuda_rng_state, megatron_random._set_cuda_rng_state = saved

@@ -7,7 +7,7 @@
   asyncrl import verl|areal CONFIG.yaml [KEY=VALUE ...] [--out JOB.yaml] [--name N] [--tool REF ...]
                  [--reward REF]
   asyncrl plot RUN_DIR [--out DIR]
-  asyncrl export CHECKPOINT OUT [--model DIR] [--dtype auto|bfloat16|float16|float32]
+  asyncrl export CHECKPOINT OUT [--model DIR] [--dtype auto|bfloat16|float16|float32] [--adapter DIR]
 
 The console script named in pyproject.toml. `run` executes a job locally through `local.runner` (the
 operator's rendered pods as local processes); `plot` renders a run's curves through `local.plot`;
@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                         help="weights' dtype (auto: the base model's torch_dtype)")  # fmt: skip
+    export.add_argument(
+        "--adapter", type=pathlib.Path, help="a LoRA job's checkpoint: also write its peft adapter here"
+    )
     return parser
 
 
@@ -108,7 +111,7 @@ def _export(args: argparse.Namespace) -> int:
     from asyncrl_workloads.trainer import export
 
     try:
-        step = export.export(args.checkpoint, args.out, args.model, args.dtype)
+        step = export.export(args.checkpoint, args.out, args.model, args.dtype, args.adapter)
     except export.ExportError as exc:
         print(f"asyncrl export: {exc}", file=sys.stderr)
         return 2

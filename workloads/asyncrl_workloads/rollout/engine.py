@@ -39,12 +39,13 @@ from vllm.config import WeightTransferConfig
 from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import tokens_input
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from asyncrl_workloads.rollout import vllm_plugin
-from asyncrl_workloads.weightsync import base, nccl
+from asyncrl_workloads.weightsync import adapter, base, nccl
 
 log = logging.getLogger(__name__)
 EXTENSION = "asyncrl_workloads.weightsync.gloo.WorkerExtension"
@@ -83,6 +84,9 @@ class EngineSettings:
     """spec.rollout.kvCacheOnUpdate == "keep": ``pause`` leaves in-flight requests their KV."""
     extra: tuple[tuple[str, Any], ...] = ()
     """spec.rollout.engine.args, passed through to AsyncEngineArgs."""
+    max_lora_rank: int = 0
+    """spec.trainer.lora's vLLM ``max_lora_rank`` (LoraSpec.max_lora_rank); 0: not a LoRA job. A LoRA
+    engine serves the synced adapter (weightsync/adapter.py) on every request once the first arrives."""
 
 
 class RolloutEngine:
@@ -95,6 +99,8 @@ class RolloutEngine:
         self._ids = itertools.count()
         self._sync_target: tuple[str, int, int, str] = ("", 0, 0, "")
         self._nccl_state = nccl.EngineState()
+        self.lora: LoRARequest | None = None
+        """The synced adapter every request names (a LoRA job after its first round), else None."""
         sched = llm.vllm_config.scheduler_config
         self.seeded = not current_platform.is_cpu() or (
             not sched.enable_chunked_prefill and sched.long_prefill_token_threshold == 0
@@ -126,6 +132,7 @@ class RolloutEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             weight_transfer_config=WeightTransferConfig(backend=settings.backend),
+            **_lora_args(settings.max_lora_rank),
             **_unchunked_on_cpu(
                 {"disable_log_stats": True, **_lists(settings.extra)}, settings.max_model_len
             ),
@@ -176,7 +183,7 @@ class RolloutEngine:
         # keys every block hash): with keep_kv_on_update a request never reuses KV computed by a
         # policy older than the one it was submitted under.
         prompt = _prompt(prompt_ids, version_at_submit)
-        async for out in self.llm.generate(prompt, params, request_id=request_id):
+        async for out in self.llm.generate(prompt, params, request_id=request_id, lora_request=self.lora):
             final = out
         if final is None:
             raise RuntimeError(f"engine returned nothing for request {request_id}")
@@ -195,7 +202,7 @@ class RolloutEngine:
         version_at_submit = self.version
         prompt = _prompt(prompt_ids, version_at_submit)
         final, sent = None, 0
-        async for out in self.llm.generate(prompt, params, request_id=request_id):
+        async for out in self.llm.generate(prompt, params, request_id=request_id, lora_request=self.lora):
             text = out.outputs[0].text
             if len(text) > sent:
                 yield text[sent:]
@@ -255,8 +262,28 @@ class RolloutEngine:
         returns the checksum. On failure the stamp is back at the old version before this returns
         (so before the caller resumes), ``version`` is unchanged, and the error is raised."""
         apply = self.llm.collective_rpc("asyncrl_apply_prefetched", args=(base.encode(plan).decode(),))
-        results = await self._stamped(plan.version, apply)
+        results = await self._stamped(plan.version, apply, *self._adapter_load(plan))
+        self._serve_adapter(plan)
         return ",".join(sorted(set(results[0])))
+
+    def _adapter_load(self, plan: base.Plan) -> list[Awaitable[Any]]:
+        """A LoRA round's last call: reload the adapter directory the workers just wrote, in place
+        under the one id every request names (none for a full-weights round). Sent after the apply,
+        so the engine core runs it after the write (its utility calls run in order, see _stamped)."""
+        if plan.adapter is None:
+            return []
+        path = str(adapter.directory(self._sync_target[2], self._sync_target[3]))
+        return [
+            self.llm.add_lora(LoRARequest(adapter.ADAPTER_NAME, adapter.LORA_ID, path, load_inplace=True))
+        ]
+
+    def _serve_adapter(self, plan: base.Plan) -> None:
+        """After a LoRA round loaded (no await since the version stamp changed): requests from now on
+        name the adapter (before the first round they run the base model, which the zero-initialised
+        adapter leaves unchanged)."""
+        if plan.adapter is not None:
+            path = str(adapter.directory(self._sync_target[2], self._sync_target[3]))
+            self.lora = LoRARequest(adapter.ADAPTER_NAME, adapter.LORA_ID, path)
 
     async def update(self, plan: base.Plan, roster: base.Roster) -> None:
         """Receive and load ``plan.version`` (generation must be paused). Raises if the transfer
@@ -279,7 +306,9 @@ class RolloutEngine:
             self.llm.start_weight_update(),
             self.llm.update_weights(WeightTransferUpdateRequest(update_info=info)),
             self.llm.collective_rpc("finish_weight_update"),
+            *self._adapter_load(plan),
         )
+        self._serve_adapter(plan)
         log.info("loaded v%d in %.1f ms", plan.version, 1e3 * (time.monotonic() - t0))
 
     async def _stamped(self, version: int, *calls: Awaitable[Any]) -> list[Any]:
@@ -324,6 +353,13 @@ def _lists(extra: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
         if name in LIST_ARGS and isinstance(value, str) else value
         for name, value in extra
     }  # fmt: skip
+
+
+def _lora_args(max_lora_rank: int) -> dict[str, Any]:
+    """vLLM's LoRA engine arguments for a LoRA job: one adapter (the policy's current version)."""
+    if max_lora_rank == 0:
+        return {}
+    return {"enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": 1, "max_cpu_loras": 1}
 
 
 def _unchunked_on_cpu(extra: dict[str, Any], max_model_len: int) -> dict[str, Any]:

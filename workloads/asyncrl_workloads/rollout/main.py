@@ -74,6 +74,7 @@ def engine_settings(cfg: config_mod.JobConfig) -> engine_mod.EngineSettings:
         enforce_eager=cpu or spec.rollout.engine.enforce_eager,
         keep_kv_on_update=spec.rollout.partial_rollout and spec.rollout.kv_cache_on_update == "keep",
         extra=tuple(sorted(_engine_args(cfg).items())),
+        max_lora_rank=spec.trainer.lora.max_lora_rank() if spec.trainer.lora is not None else 0,
     )
 
 
@@ -213,6 +214,7 @@ def gateway_settings(
         max_calls=spec.agent.max_assistant_turns,
         max_episode_tokens=spec.agent.max_episode_tokens,
         stop_token_ids=tuple(stop_ids),
+        hosted_tools=gw.hosted_tools,
     )
 
 

@@ -7,7 +7,8 @@ an all-zero mask, so every rank makes the same collective calls.
 
 One step (as in PPO's "old policy" scheme; the math is trainer/algorithms/, composed by trainer/loss.py):
   1. with spec.trainer.algorithm.kl > 0, the reference policy's logprobs (a frozen copy of the initial
-     model, sharded like the policy; no grad): per micro-batch beside the policy's forward when the KL
+     model, sharded like the policy - with spec.trainer.lora the policy under peft's disable_adapter(),
+     no copy; no grad): per micro-batch beside the policy's forward when the KL
      is in the loss, or over the whole step first (gathered from all ranks) when it is in the reward;
   2. advantages over the whole step (trainer/advantage.py: overlong shaping, KL in the reward, the
      estimator - for name gae over the critic's values before the step, computed like the reference's
@@ -24,8 +25,11 @@ With spec.teacher each micro-batch's loss also gets loss.teacher_kl_loss on the 
 batch carries (rank 0 fetched them, trainer/teacher.py); its token-weighted mean is `teacher_kl`.
 Log-probabilities come from transformers' LlamaForCausalLM (any AutoModelForCausalLM),
 log_softmax(logits / temperature) in float32, matching what the rollout engine sampled from; the entropy
-(entropyCoef > 0) from the same logits. The model runs in spec.model.dtype on GPU over float32 master
-weights, in float32 on CPU (trainer/precision.py); float16 gradients get dynamic loss scaling.
+(entropyCoef > 0) from the same logits. The logits are made from the final hidden states a chunk of
+spec.trainer.memory.logprobChunkTokens tokens at a time (fsdp.token_logprobs, trainer/chunked.py), and
+the memory settings (checkpointing, offload) are applied where the model is sharded (fsdp.shard).
+The model runs in spec.model.dtype on GPU over float32 master weights, in float32 on CPU
+(trainer/precision.py); float16 gradients get dynamic loss scaling.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import torch.distributed.fsdp.sharded_grad_scaler
 
 from asyncrl_workloads.bus import trajectory as trajectory_mod
 from asyncrl_workloads.trainer import advantage, fsdp, loss, precision
+from asyncrl_workloads.trainer import lora as lora_mod
 from asyncrl_workloads.trainer.algorithms import aggregation, regularizers, shaping
 from asyncrl_workloads.trainer.algorithms import value as value_mod
 
@@ -93,6 +98,10 @@ class TrainSettings:
     rollout_gpus: int = 0
     """spec.rollout.gpusPerReplica: 0 means CPU engines, which hold float32 weights; weight sync sends
     the engines' dtype (precision.engine_dtype)."""
+    memory: fsdp.Memory = dataclasses.field(default_factory=fsdp.Memory)
+    """spec.trainer.memory: activation checkpointing, chunked log-probabilities, offload."""
+    lora: lora_mod.LoraSettings | None = None
+    """spec.trainer.lora: train peft adapters only (trainer/lora.py); None: the whole policy."""
 
 
 class Unsupported(ValueError):
@@ -134,22 +143,31 @@ def _pad(rows: list[list[float]], value: float, dtype: torch.dtype) -> torch.Ten
 
 
 def micro_batches(
-    trajs: list[trajectory_mod.Trajectory], tokens_per_rank: int, world_size: int
+    trajs: list[trajectory_mod.Trajectory], tokens_per_rank: int, world_size: int, packed: bool = False
 ) -> list[list[trajectory_mod.Trajectory]]:
     """Split a mini-batch into length-sorted micro-batches whose padded size per rank (rows per rank x
     longest sequence) stays within ``tokens_per_rank``; a sequence longer than that gets one of its own.
+    ``packed`` (spec.trainer.memory.packing): the size per rank is its rows' real tokens instead.
 
     Padding to the longest sequence of a long-tailed batch wastes most of a step (a 256-token tail
     pads 80-token rows 3x); sorted micro-batches pad each row only to its neighbours, as verl's
     dynamic batch size does. The split depends only on the batch, so every rank runs the same number
     of forwards and backwards (FSDP2's collectives line up); each rank takes ``rank::world`` of each.
     """
-    order = sorted(trajs, key=lambda t: len(t.prompt_ids) + len(t.response_ids), reverse=True)  # stable
+
+    def size(t: trajectory_mod.Trajectory) -> int:
+        return len(t.prompt_ids) + len(t.response_ids)
+
+    order = sorted(trajs, key=size, reverse=True)  # stable
     out: list[list[trajectory_mod.Trajectory]] = []
     for t in order:
         if out:
-            longest = len(out[-1][0].prompt_ids) + len(out[-1][0].response_ids)  # sorted: the first row
-            if math.ceil((len(out[-1]) + 1) / world_size) * longest <= tokens_per_rank:
+            grown = [*out[-1], t]
+            if packed:  # the fullest rank's share: rank::world of the rows
+                per_rank = max(sum(size(r) for r in grown[rank::world_size]) for rank in range(world_size))
+            else:  # rows per rank x the longest (sorted: the first row)
+                per_rank = math.ceil(len(grown) / world_size) * size(grown[0])
+            if per_rank <= tokens_per_rank:
                 out[-1].append(t)
                 continue
         out.append([t])
@@ -181,9 +199,12 @@ class FSDP2Backend(TrainerBackend):
             )  # fmt: skip
         self.model = self._load_model(transformers)
         self.reference: torch.nn.Module | None = None
-        """The frozen initial model, sharded like the policy: only with spec.trainer.algorithm.kl > 0."""
-        if settings.kl > 0.0:
+        """The frozen initial model, sharded like the policy: only with spec.trainer.algorithm.kl > 0 (a
+        LoRA job's reference is its policy with the adapters off: no copy)."""
+        if settings.kl > 0.0 and settings.lora is None:
             self.reference = self._load_model(transformers).requires_grad_(False).eval()
+        self.lora_dropouts = lora_mod.dropouts(self.model) if settings.lora and settings.lora.dropout else []
+        """The adapters' dropout modules, in train mode for the training forward alone."""
         self.kl_control = shaping.AdaptiveKL(settings.kl, settings.kl_target, settings.kl_horizon)
         self.critic: torch.nn.Module | None = None
         """PPO's value model (name gae): the policy's architecture with a one-output token head."""
@@ -204,8 +225,15 @@ class FSDP2Backend(TrainerBackend):
             model = transformers.AutoModelForTokenClassification.from_pretrained(
                 critic, num_labels=1, dtype=torch.float32
             )
-        model.to(self.world.device)
-        sharded: torch.nn.Module = fsdp.shard(model, self.world, self.precision.policy)
+        if not self.settings.memory.offload:  # offloaded shards live on the CPU: fully_shard moves them
+            model.to(self.world.device)
+        if critic is None and self.settings.lora is not None:
+            # The adapters go in before sharding, so FSDP2 shards them too. peft's wrapper holds no
+            # parameters of its own: the causal LM inside is the root unit.
+            wrapped = lora_mod.apply(model, self.settings.lora)
+            fsdp.shard(model, self.world, self.precision.policy, self.settings.memory)
+            return wrapped
+        sharded: torch.nn.Module = fsdp.shard(model, self.world, self.precision.policy, self.settings.memory)
         return sharded
 
     def _make_optimizer(self) -> None:
@@ -214,7 +242,8 @@ class FSDP2Backend(TrainerBackend):
         self.scaler = torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler(
             device=self.world.device.type, enabled=self.precision.loss_scaling
         )  # float16 only; disabled it passes every call through. All ranks share found-inf (all-reduced).
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # a LoRA job: the adapters
+        self.optimizer = torch.optim.AdamW(trainable, lr=s.lr, weight_decay=s.weight_decay)
         self.scheduler = self._schedule(self.optimizer)
         if self.critic is not None and s.critic is not None:  # its own AdamW and loss scale, no schedule
             self.critic_scaler = torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler(
@@ -239,12 +268,24 @@ class FSDP2Backend(TrainerBackend):
         """(B, R) logprobs of each response token under the current model (the reference with
         `reference`), R = the longest response, and with `entropy` the (B, R) entropy of the policy's
         distribution at each response position (else None)."""
+        if reference and self.settings.lora is not None:
+            with self.model.disable_adapter():  # type: ignore[operator]  # peft: the base model
+                return self._response_logprobs(trajs, entropy=entropy)
         module = self.reference if reference else self.model
         assert module is not None
         seqs = [t.prompt_ids + t.response_ids for t in trajs]
+        if self.settings.memory.packing and hasattr(module, fsdp.LOGPROB_METHOD):
+            return self._packed_logprobs(module, trajs, entropy)
         input_ids = _pad([list(map(float, s)) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
         attention = _pad([[1.0] * len(s) for s in seqs], 0.0, torch.long).to(self.world.device)  # (B, L)
-        logits = module(input_ids=input_ids, attention_mask=attention).logits.float()  # (B, L, V)
+        if hasattr(module, fsdp.LOGPROB_METHOD):  # a causal LM: the head in chunks (spec.trainer.memory)
+            token_logp, token_entropy = fsdp.token_logprobs(
+                module, input_ids, attention, self.settings.temperature, entropy
+            )  # (B, L-1) each
+            return response_logprobs(token_logp, trajs), (
+                response_logprobs(token_entropy, trajs) if token_entropy is not None else None
+            )
+        logits = module(input_ids=input_ids, attention_mask=attention, use_cache=False).logits.float()
         scaled = logits[:, :-1] / self.settings.temperature  # (B, L-1, V)
         logp = torch.log_softmax(scaled, dim=-1)  # (B, L-1, V)
         token_logp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
@@ -252,6 +293,32 @@ class FSDP2Backend(TrainerBackend):
             return response_logprobs(token_logp, trajs), None
         token_entropy = regularizers.entropy_from_logits(scaled)  # (B, L-1)
         return response_logprobs(token_logp, trajs), response_logprobs(token_entropy, trajs)
+
+    def _packed_logprobs(
+        self, module: torch.nn.Module, trajs: list[trajectory_mod.Trajectory], entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """_response_logprobs with the sequences packed into one row (spec.trainer.memory.packing): no
+        padding, no attention mask; position ids restart at each sequence, which transformers' attention
+        turns into separate sequences (flash-attention's varlen path on GPU, a block-diagonal causal
+        mask with sdpa/eager). Positions across a boundary predict the next sequence's first token and
+        are never read."""
+        seqs = [t.prompt_ids + t.response_ids for t in trajs]
+        dev = self.world.device
+        flat = [tok for s in seqs for tok in s]
+        input_ids = torch.tensor(flat, dtype=torch.long, device=dev)[None]  # (1, T)
+        positions = torch.cat([torch.arange(len(s)) for s in seqs]).to(dev)[None]  # (1, T)
+        token_logp, token_entropy = fsdp.token_logprobs(
+            module, input_ids, None, self.settings.temperature, entropy, positions
+        )  # (1, T-1) each
+        width = max(len(t.response_ids) for t in trajs)
+        rows, start = [], 0
+        for t, s in zip(trajs, seqs, strict=True):
+            last = start + len(s) - 2  # the position that predicts this sequence's last token
+            rows.append([min(start + len(t.prompt_ids) - 1 + j, last) for j in range(width)])
+            start += len(s)
+        index = torch.tensor(rows, device=dev)  # (B, R): position in token_logp of response token j
+        logp = token_logp[0][index]  # (B, R)
+        return logp, (token_entropy[0][index] if token_entropy is not None else None)
 
     def _data_parallel(self) -> tuple[int, int]:
         """(this rank's index, the number of ranks) among those that split each micro-batch's rows."""
@@ -263,7 +330,9 @@ class FSDP2Backend(TrainerBackend):
         return (mine, True) if mine else ([trajs[0]], False)
 
     def _micro(self, chunk: list[trajectory_mod.Trajectory]) -> list[list[trajectory_mod.Trajectory]]:
-        return micro_batches(chunk, self.settings.micro_batch_tokens, self._data_parallel()[1])
+        return micro_batches(
+            chunk, self.settings.micro_batch_tokens, self._data_parallel()[1], self.settings.memory.packing
+        )
 
     # --- the step -------------------------------------------------------------------------------
 
@@ -324,7 +393,7 @@ class FSDP2Backend(TrainerBackend):
             # The policy before this step's first update. The first chunk trains on exactly that policy,
             # so its own forward (detached) is its proximal: only later chunks need a no-grad pass now.
             with torch.no_grad():
-                for chunk in chunks[1:]:
+                for chunk in chunks[0 if self.lora_dropouts else 1 :]:  # dropout: chunk 0's own is noisy
                     for micro in self._micro(chunk):
                         mine, _ = self._shard(micro)
                         for t, row in zip(mine, self._response_logprobs(mine)[0], strict=True):
@@ -350,10 +419,11 @@ class FSDP2Backend(TrainerBackend):
                 if obj.kl_in_loss > 0.0:
                     with torch.no_grad():
                         ref_logprobs = self._response_logprobs(mine, reference=True)[0]  # (B, R)
-                logprobs, entropy = self._response_logprobs(mine, entropy=obj.entropy_coef > 0.0)  # (B, R)
+                with lora_mod.training(self.lora_dropouts):  # (B, R) each
+                    logprobs, entropy = self._response_logprobs(mine, entropy=obj.entropy_coef > 0.0)
                 if obj.correction == "none":
                     prox = behaviour
-                elif index == 0:
+                elif index == 0 and not self.lora_dropouts:
                     prox = logprobs.detach().cpu()  # (B, R), the same padding as behaviour
                     for t, row in zip(mine, prox, strict=True):
                         proximal[t.id] = row[: len(t.response_ids)]
@@ -465,12 +535,14 @@ class FSDP2Backend(TrainerBackend):
     # --- weights and state ----------------------------------------------------------------------
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.settings.lora is not None:  # the LoRA payload: the adapters alone, peft's saved names
+            return lora_mod.adapter_tensors(self.model, self.sync_dtype)
         return fsdp.full_tensors(self.model, self.sync_dtype)
 
     def state(self) -> dict[str, Any]:
         import torch.distributed.checkpoint.state_dict as dcp_state
 
-        model_sd, optim_sd = dcp_state.get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = dcp_state.get_state_dict(self.model, self.optimizer, options=self._dcp_options())
         state = {
             "model": model_sd,
             "optim": optim_sd,
@@ -488,7 +560,11 @@ class FSDP2Backend(TrainerBackend):
         import torch.distributed.checkpoint.state_dict as dcp_state
 
         dcp_state.set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=self._dcp_options(),
         )
         self.scheduler.load_state_dict(state["scheduler"])
         if "scaler" in state:
@@ -502,6 +578,14 @@ class FSDP2Backend(TrainerBackend):
                 model_state_dict=critic["model"],
                 optim_state_dict=critic["optim"],
             )
+
+    def _dcp_options(self) -> Any:
+        """A LoRA job checkpoints its adapters (and their optimizer state) alone: the base is frozen and
+        comes from spec.model.path again on resume and export."""
+        import torch.distributed.checkpoint.state_dict as dcp_state
+
+        frozen = self.settings.lora is not None
+        return dcp_state.StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
 
     def algorithm_state(self) -> dict[str, Any]:
         """What the algorithm carries from step to step: the adaptive reward-KL coefficient."""

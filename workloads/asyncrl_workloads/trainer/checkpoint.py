@@ -272,6 +272,7 @@ class Checkpointer:
         keep: int,
         world: fsdp.World,
         model_path: str | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.every_steps = every_steps
@@ -279,6 +280,8 @@ class Checkpointer:
         self.world = world
         self.model_path = model_path
         """Written into each step's meta.json: `asyncrl export` builds the HF model from it."""
+        self.lora = lora
+        """spec.trainer.lora (LoraSettings.meta), written into meta.json: the step holds adapters only."""
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
@@ -305,7 +308,9 @@ class Checkpointer:
         if self.world.size > 1:
             dist.barrier()
         if self.world.is_main:
-            extra = {"model_path": self.model_path} if self.model_path is not None else {}
+            extra: dict[str, Any] = {"model_path": self.model_path} if self.model_path is not None else {}
+            if self.lora is not None:
+                extra["lora"] = self.lora
             write_atomic(tmp / "meta.json", json.dumps({"step": step, **extra, **meta}))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)

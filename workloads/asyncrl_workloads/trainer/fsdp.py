@@ -9,6 +9,14 @@ The weight-sync group (weightsync/) is a separate group and never touches this o
 FSDP2 (`torch.distributed.fsdp.fully_shard`) shards every decoder layer, then the root module (embeddings,
 final norm, lm head), each with the mixed-precision policy trainer/precision.py chose (None: float32).
 The NCCL path is the same code with device "cuda"; it is only exercised on GPUs.
+
+The memory settings (spec.trainer.memory, ``Memory``) are applied here, where the model is wrapped:
+activation checkpointing wraps each decoder layer's forward in torch.utils.checkpoint (inside its FSDP
+unit: the recompute in backward runs after FSDP's pre-backward all-gather, torchtitan's arrangement),
+offload gives every unit torch's CPUOffloadPolicy, and ``token_logprobs`` is a second forward method
+of the root unit (torch's register_fsdp_forward_method: the root's parameters, the language-model head
+among them, are all-gathered for it and its gradients reduce-scattered as for forward) that applies
+the head to the final hidden states in chunks (trainer/chunked.py).
 """
 
 from __future__ import annotations
@@ -18,15 +26,37 @@ import datetime
 import logging
 import os
 import socket
+import types
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.device_mesh
 import torch.distributed.fsdp
 import torch.distributed.tensor
+import torch.utils.checkpoint
+
+from asyncrl_workloads.trainer import chunked
 
 log = logging.getLogger(__name__)
+
+LOGPROB_METHOD = "asyncrl_token_logprobs"
+"""The root unit's second forward method (``token_logprobs``), set on the model by ``shard``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """spec.trainer.memory (asyncrl_api/roles.py MemorySpec); none of these changes the loss."""
+
+    activation_checkpointing: bool = True
+    """Recompute each decoder layer in backward instead of keeping its activations."""
+    logprob_chunk_tokens: int = 4096
+    """Tokens per language-model-head chunk in ``token_logprobs``; 0: all at once."""
+    packing: bool = False
+    """One unpadded row per micro-batch, position ids restarting per sequence (backend.py)."""
+    offload: bool = False
+    """CPUOffloadPolicy on every unit (GPU only: admission refuses it for a CPU trainer)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,18 +97,87 @@ def shard(
     model: torch.nn.Module,
     world: World,
     mp_policy: torch.distributed.fsdp.MixedPrecisionPolicy | None = None,
+    memory: Memory | None = None,
 ) -> torch.nn.Module:
     """Apply FSDP2 in place: each decoder layer is one unit, the rest of the model is the root unit.
 
     ``mp_policy``: the parameters (float32) stay the sharded master weights; forward and backward run
-    in its param_dtype. None: FSDP2's default, compute in the parameters' own dtype."""
+    in its param_dtype. None: FSDP2's default, compute in the parameters' own dtype. ``memory``:
+    checkpointing and offload as above (None: neither); a causal LM also gets ``token_logprobs``."""
+    memory = memory or Memory(activation_checkpointing=False)
     mesh = torch.distributed.device_mesh.init_device_mesh(world.device.type, (world.size,))
     policy = mp_policy or torch.distributed.fsdp.MixedPrecisionPolicy()
+    offload: Any = (
+        torch.distributed.fsdp.CPUOffloadPolicy()
+        if memory.offload
+        else torch.distributed.fsdp.OffloadPolicy()
+    )
     layers = getattr(getattr(model, "model", model), "layers", [])
+    config = getattr(model, "config", None)
+    if memory.activation_checkpointing and config is not None:
+        config.use_cache = False  # a KV cache filled in forward would be filled again by the recompute
     for layer in layers:
-        torch.distributed.fsdp.fully_shard(layer, mesh=mesh, mp_policy=policy)
-    torch.distributed.fsdp.fully_shard(model, mesh=mesh, mp_policy=policy)
+        if memory.activation_checkpointing:
+            checkpoint_forward(layer)
+        torch.distributed.fsdp.fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    torch.distributed.fsdp.fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    if getattr(model, "lm_head", None) is not None and getattr(model, "model", None) is not None:
+        setattr(model, LOGPROB_METHOD, types.MethodType(_token_logprobs_method(memory), model))
+        torch.distributed.fsdp.register_fsdp_forward_method(model, LOGPROB_METHOD)
     return model
+
+
+def checkpoint_forward(layer: torch.nn.Module) -> None:
+    """Run ``layer``'s forward under torch.utils.checkpoint (non-reentrant): forward keeps its inputs
+    only, backward recomputes it. Set on the instance, so parameter names and hooks stay as they were."""
+    inner = layer.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return inner(*args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    layer.forward = forward
+
+
+def _token_logprobs_method(memory: Memory) -> Any:
+    def method(
+        self: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        temperature: float,
+        entropy: bool,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, L-1) logprob of token i+1 at position i, and with ``entropy`` the (B, L-1) entropy,
+        from the base model's final hidden states and the head applied chunk by chunk. Packed rows:
+        no attention mask, ``position_ids`` restarting at each sequence."""
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        states = hidden.last_hidden_state[:, :-1]  # (B, L-1, H)
+        softcap = getattr(self.config, "final_logit_softcapping", None)
+        return chunked.token_logprobs(
+            states, self.lm_head, input_ids[:, 1:], temperature, memory.logprob_chunk_tokens, entropy, softcap
+        )
+
+    return method
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    temperature: float,
+    entropy: bool,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's (B, L-1) token logprobs (and entropy) through its ``token_logprobs`` method."""
+    method = getattr(model, LOGPROB_METHOD)
+    out: tuple[torch.Tensor, torch.Tensor | None] = method(
+        input_ids, attention_mask, temperature, entropy, position_ids
+    )
+    return out
 
 
 def full_tensors(

@@ -28,6 +28,7 @@ from asyncrl_workloads.tracking import tracker as tracker_mod
 from asyncrl_workloads.trainer import advantage, checkpoint, fsdp, inbox, loop, loss, progress, staleness
 from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import batcher as batcher_mod
+from asyncrl_workloads.trainer import lora as lora_mod
 from asyncrl_workloads.trainer import teacher as teacher_mod
 from asyncrl_workloads.trainer import validation as validation_mod
 from asyncrl_workloads.trainer.algorithms import advantages, correction, policy_loss, shaping
@@ -65,7 +66,22 @@ def train_settings(cfg: config_mod.JobConfig) -> backend_mod.TrainSettings:
         dtype=spec.model.dtype,
         rollout_gpus=spec.rollout.gpus_per_replica,
         tp=spec.trainer.parallelism.tp,
+        memory=fsdp.Memory(
+            activation_checkpointing=spec.trainer.memory.activation_checkpointing,
+            logprob_chunk_tokens=spec.trainer.memory.logprob_chunk_tokens,
+            packing=spec.trainer.memory.packing,
+            offload=spec.trainer.memory.offload,
+        ),
+        lora=lora_settings(cfg),
     )
+
+
+def lora_settings(cfg: config_mod.JobConfig) -> lora_mod.LoraSettings | None:
+    """spec.trainer.lora for the backend, the sender's payload kind and the checkpoints' meta.json."""
+    spec = cfg.spec.trainer.lora
+    if spec is None:
+        return None
+    return lora_mod.LoraSettings(spec.rank, spec.alpha, tuple(spec.target_modules), spec.dropout)
 
 
 def _kl_estimator(cfg: config_mod.JobConfig) -> str:
@@ -165,6 +181,7 @@ def make_sender(cfg: config_mod.JobConfig) -> Any:
                 port=cfg.endpoints.weight_sync_port,
                 timeout_seconds=ws.timeout_seconds,
                 bucket_mb=ws.bucket_mb,
+                adapter=adapter.wire() if (adapter := lora_settings(cfg)) is not None else None,
             )
         except RuntimeError as exc:  # torch's TCPStore: port taken, no permission
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -313,7 +330,12 @@ def run(cfg: config_mod.JobConfig) -> None:
         raise StartupError(str(exc)) from exc
     ck = spec.trainer.checkpoint
     checkpointer = checkpoint.Checkpointer(
-        pathlib.Path(ck.path), ck.every_steps, ck.keep, world, model_path=spec.model.path
+        pathlib.Path(ck.path),
+        ck.every_steps,
+        ck.keep,
+        world,
+        model_path=spec.model.path,
+        lora=lora.meta() if (lora := lora_settings(cfg)) is not None else None,
     )
     latest = checkpointer.latest() if world.is_main else None
     latest = fsdp.broadcast_object(latest, world)  # type: ignore[assignment]

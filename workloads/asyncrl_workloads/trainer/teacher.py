@@ -2,7 +2,7 @@
 
 Called by entrypoints/trainer.py (`preflight`, before torch is loaded) and trainer/loop.py (`Teacher.fetch`
 once per step, on the step's chosen batch, and `Teacher.gave_up` after it). Trajectories do not carry
-teacher logprobs on the bus: the trainer asks the teacher for them (the README's "Judges and teachers"),
+teacher logprobs on the bus: the trainer asks the teacher for them (docs/rewards.md),
 as prime-rl does.
 
 For each trajectory the teacher scores prompt + response in one completions call with prompt logprobs on

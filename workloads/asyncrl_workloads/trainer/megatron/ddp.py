@@ -88,6 +88,10 @@ class MegatronDDPBackend(megatron_backend.MegatronBackend):
             initial_loss_scale=2.0**16,
             loss_scale_window=2000,
             hysteresis=1,
+            # spec.trainer.memory.offload: the distributed optimizer's float32 shards and Adam's moments
+            # live and step on the CPU (megatron's HybridDeviceOptimizer, all of it offloaded)
+            optimizer_cpu_offload=s.memory.offload,
+            optimizer_offload_fraction=1.0 if s.memory.offload else 0.0,
         )
         chained = get_megatron_optimizer(opt_config, [self.ddp], config_overrides={})
         optimizers = getattr(chained, "chained_optimizers", [chained])

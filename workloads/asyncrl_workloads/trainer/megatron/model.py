@@ -78,8 +78,10 @@ class CpuRotaryEmbedding(rotary_pos_embedding.RotaryEmbedding):  # type: ignore[
 
 
 def config_for(
-    arch: Arch, tp: int = 1, dtype: torch.dtype = torch.float32
+    arch: Arch, tp: int = 1, dtype: torch.dtype = torch.float32, recompute: bool = False
 ) -> transformer_config.TransformerConfig:
+    """``recompute``: spec.trainer.memory.activationCheckpointing - megatron's full recompute, every
+    layer its own unit (method uniform, 1 layer): forward keeps each layer's input only."""
     cuda = torch.cuda.is_available()
     return transformer_config.TransformerConfig(
         num_layers=arch.num_layers,
@@ -110,6 +112,9 @@ def config_for(
         persist_layer_norm=False,
         attention_softmax_in_fp32=True,
         cuda_graph_scope=[],  # the default, "full", is deprecated and warns (transformer_config.py:1705)
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
     )
 
 
@@ -121,11 +126,18 @@ def layer_spec() -> spec_utils.ModuleSpec:
     return spec
 
 
-def build(arch: Arch, tp: int = 1, dtype: torch.dtype = torch.float32, vocab_multiple: int = 128) -> Any:
+def build(
+    arch: Arch,
+    tp: int = 1,
+    dtype: torch.dtype = torch.float32,
+    vocab_multiple: int = 128,
+    recompute: bool = False,
+) -> Any:
     """This rank's GPTModel (parallel.initialize first). Its logits are this rank's slice of the
-    vocabulary padded to arch.padded_vocab_size; token_logprobs reduces over TP and masks the padding."""
+    vocabulary padded to arch.padded_vocab_size; token_logprobs reduces over TP and masks the padding.
+    ``recompute``: activation checkpointing (config_for)."""
     arch.check_tp(tp)
-    config = config_for(arch, tp, dtype)
+    config = config_for(arch, tp, dtype, recompute)
     model = gpt_model.GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(),

@@ -1,0 +1,74 @@
+"""Token log-probabilities and entropy from final hidden states, the vocabulary projection chunk by chunk.
+
+Called by trainer/fsdp.py (the root unit's ``token_logprobs`` method, FSDP2Backend's forward). The
+plain path, ``log_softmax(lm_head(h) / T)`` over a whole micro-batch, holds [tokens x vocabulary]
+float32 logits, their log-softmax and, for backward, both again: for a 152k vocabulary and 16k tokens
+that is 10 GB per copy. Here the head, log-softmax and the pick of each target token run over
+``chunk_tokens`` tokens at a time, each chunk under torch.utils.checkpoint, so forward keeps only the
+chunk's hidden states and its (chunk,) results, and backward recomputes one chunk's logits at a time:
+peak logits memory is one chunk's, whatever the micro-batch. The values and gradients are those of
+the plain path (tests/dataplane/test_memory.py); the cost is one more head matmul per token in
+backward. Liger's fused linear cross-entropy and verl's ``FusedLinearForPPO`` do the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.utils.checkpoint
+
+from asyncrl_workloads.trainer.algorithms import regularizers
+
+
+def _head_logprobs(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,  # (N, H)
+    targets: torch.Tensor,  # (N,)
+    temperature: float,
+    entropy: bool,
+    softcap: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) logprob of each target and (N,) entropy (empty without ``entropy``) for one chunk."""
+    logits = head(hidden).float()  # (N, V)
+    if softcap:  # gemma's final_logit_softcapping, as transformers applies it after the head
+        logits = torch.tanh(logits / softcap) * softcap
+    scaled = logits / temperature  # (N, V)
+    logp = torch.log_softmax(scaled, dim=-1)  # (N, V)
+    picked = logp.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
+    ent = regularizers.entropy_from_logits(scaled) if entropy else picked.new_zeros(0)  # (N,)
+    return picked, ent
+
+
+def token_logprobs(
+    hidden: torch.Tensor,  # (B, T, H)
+    head: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,  # (B, T)
+    temperature: float,
+    chunk_tokens: int,
+    entropy: bool = False,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T) log p(targets[b, t] | hidden[b, t]) under softmax(head(hidden) / temperature), and with
+    ``entropy`` the (B, T) entropy of that distribution (else None); ``chunk_tokens`` tokens of the
+    flattened B x T at a time (0: all at once, no recompute)."""
+    b, t, h = hidden.shape
+    flat = hidden.reshape(b * t, h)  # (B*T, H)
+    flat_targets = targets.reshape(b * t)  # (B*T,)
+    if chunk_tokens <= 0 or chunk_tokens >= b * t:
+        picked, ent = _head_logprobs(head, flat, flat_targets, temperature, entropy, softcap)
+    else:
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for start in range(0, b * t, chunk_tokens):
+            h_chunk = flat[start : start + chunk_tokens]  # (N, H)
+            t_chunk = flat_targets[start : start + chunk_tokens]  # (N,)
+            if torch.is_grad_enabled():
+                out = torch.utils.checkpoint.checkpoint(
+                    _head_logprobs, head, h_chunk, t_chunk, temperature, entropy, softcap, use_reentrant=False
+                )
+            else:
+                out = _head_logprobs(head, h_chunk, t_chunk, temperature, entropy, softcap)
+            parts.append(out)
+        picked = torch.cat([p for p, _ in parts])  # (B*T,)
+        ent = torch.cat([e for _, e in parts])  # (B*T,) or (0,)
+    return picked.reshape(b, t), (ent.reshape(b, t) if entropy else None)

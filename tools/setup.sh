@@ -124,26 +124,31 @@ else
   echo "setup: images not built: $why (the image smoke tests skip)" >&2
 fi
 
-# --- 5. Claude Code, a gateway client the e2e drives (npm, cached outside the repo, keyed by version) --
-# tests/e2e/test_gateway_clients.py runs it headless; without npm (or offline) that test skips, saying why.
+# --- 5. Claude Code and Codex CLI, gateway clients the e2e drives (npm, cached outside the repo, keyed by
+# version). tests/e2e/test_gateway_clients.py runs them headless; without npm (or offline) those tests skip,
+# saying why. Both packages ship a native binary (node_modules/.bin/<cli> starts it).
 CLAUDE_CODE_VERSION=2.1.197
-claude_dir=${ASYNCRL_CACHE:-$HOME/.cache/asyncrl}/claude-code
-if [ -x "$claude_dir/node_modules/.bin/claude" ] \
-   && [ "$(cat "$claude_dir/.asyncrl-version" 2>/dev/null)" = "$CLAUDE_CODE_VERSION" ]; then
-  :
-elif ! command -v npm >/dev/null; then
-  echo "setup: npm not installed: Claude Code not installed (its gateway e2e test skips)" >&2
-else
-  mkdir -p "$claude_dir"
-  if npm install --prefix "$claude_dir" --no-audit --no-fund --loglevel=error \
-       "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >/tmp/asyncrl-npm.log 2>&1 \
-     && "$claude_dir/node_modules/.bin/claude" --version >>/tmp/asyncrl-npm.log 2>&1; then
-    echo "$CLAUDE_CODE_VERSION" >"$claude_dir/.asyncrl-version"
-    echo "setup: Claude Code $CLAUDE_CODE_VERSION installed in $claude_dir" >&2
+CODEX_VERSION=0.169.0
+npm_cli() {  # npm_cli NAME DIR PACKAGE VERSION BIN
+  local name=$1 dir=${ASYNCRL_CACHE:-$HOME/.cache/asyncrl}/$2 package=$3 version=$4 bin=$5
+  if [ -x "$dir/node_modules/.bin/$bin" ] && [ "$(cat "$dir/.asyncrl-version" 2>/dev/null)" = "$version" ]; then
+    return 0
+  fi
+  if ! command -v npm >/dev/null; then
+    echo "setup: npm not installed: $name not installed (its gateway e2e tests skip)" >&2
+    return 0
+  fi
+  mkdir -p "$dir"
+  if npm install --prefix "$dir" --no-audit --no-fund --loglevel=error "$package@$version" >/tmp/asyncrl-npm.log 2>&1 \
+     && "$dir/node_modules/.bin/$bin" --version >>/tmp/asyncrl-npm.log 2>&1; then
+    echo "$version" >"$dir/.asyncrl-version"
+    echo "setup: $name $version installed in $dir" >&2
   else
     tail -n 5 /tmp/asyncrl-npm.log >&2
-    echo "setup: npm install of Claude Code failed (log /tmp/asyncrl-npm.log): its gateway e2e test skips" >&2
+    echo "setup: npm install of $name failed (log /tmp/asyncrl-npm.log): its gateway e2e tests skip" >&2
   fi
-fi
+}
+npm_cli "Claude Code" claude-code @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" claude
+npm_cli "Codex CLI" codex @openai/codex "$CODEX_VERSION" codex
 # --- end of 5 ------------------------------------------------------------------------------------------
 echo "setup: done" >&2

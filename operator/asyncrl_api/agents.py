@@ -165,10 +165,11 @@ class AgentWorkersSpec(base.APIModel):
     """The container's arguments."""
     session_command: list[Arg] = pydantic.Field(default_factory=list, max_length=256)
     """A command-line agent run once per session by the builtin driver (`asyncrl agent -- CMD`), e.g.
-    `[claude, -p, "{prompt}"]`: `{prompt}` becomes the task's prompt (else it comes on stdin), and the
-    session's URL and key come in OPENAI_BASE_URL/OPENAI_API_KEY, ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY
-    and ASYNCRL_SESSION_URL/ASYNCRL_SESSION_KEY. A run still going at 90% of the gateway's
-    sessionTimeoutSeconds is killed and its session aborted (never trained on)."""
+    `[claude, -p, "{prompt}"]`: `{prompt}` becomes the task's prompt (else it comes on stdin),
+    `{base_url}` the session's OpenAI base URL (Codex CLI takes it only in its config:
+    docs/agent-frameworks.md), and the session's URL and key come in OPENAI_BASE_URL/OPENAI_API_KEY,
+    ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY and ASYNCRL_SESSION_URL/ASYNCRL_SESSION_KEY. A run still going
+    at 90% of the gateway's sessionTimeoutSeconds is killed and its session aborted (never trained on)."""
     session_concurrency: int | None = pydantic.Field(default=None, ge=1, le=1024)
     """Sessions one worker pod runs at once with sessionCommand (default 1)."""
     replicas: int = pydantic.Field(default=1, ge=0, le=1024)

@@ -278,6 +278,10 @@ def test_streaming_sends_the_text_as_it_comes_and_tool_calls_whole(host: Any, gw
         )
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len({c.id for c in chunks}) == 1  # one id per stream, as OpenAI's, the call's for /rl/reward
+    reward = {"reward": 1.0, "call_id": chunks[0].id}
+    status, rewarded, _ = post(session_url(session, "/rl/reward"), reward, session["api_key"])
+    assert (status, rewarded["rewarded"]) == (200, chunks[0].id)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
     same = sdk.chat.completions.create(model="m", messages=messages, seed=7, max_tokens=6)
@@ -634,6 +638,32 @@ def test_responses_streams_the_event_sequence_and_the_text_of_the_unstreamed_cal
     assert len(wait_group(host, gw, group)) == 3  # three calls from the same input: three roots
 
 
+def test_responses_drops_a_hosted_tool_by_name_and_returns_a_namespaced_call_apart(
+    host: Any, gw: Served
+) -> None:
+    """Codex CLI's shapes: its hosted web_search left out (named in the header, counted), its namespace
+    tool flattened for the model, whose call comes back as name + namespace; echoed back, it continues."""
+    group = open_group(gw, n=1)
+    (session,) = group["sessions"]
+    key, url = session["api_key"], session["base_url"] + "/responses"
+    namespace = {"type": "namespace", "name": "kb", "description": "Knowledge.", "tools": [LOOKUP_RESPONSES]}
+    dropped = gw.gateway.m.gateway_hosted_tools_dropped_by("web_search")
+    before = dropped._value.get()
+    body = {"model": "m", "input": [{"role": "user", "content": "secret?"}], "store": False,
+            "tools": [namespace, {"type": "web_search"}], "client_metadata": {"turn_id": "t"}}  # fmt: skip
+    status, reply, headers = post(url, body, key)
+    assert status == 200 and headers["x-asyncrl-dropped-tools"] == "web_search", reply
+    assert dropped._value.get() == before + 1
+    (call,) = [o for o in reply["output"] if o["type"] == "function_call"]
+    assert (call["name"], call["namespace"]) == ("lookup", "kb")
+    echoed = [*body["input"], *reply["output"], {"type": "function_call_output", "call_id": call["call_id"],
+                                                 "output": "a"}]  # fmt: skip
+    assert post(url, {**body, "input": echoed}, key)[0] == 200
+    assert post(session_url(session, "/rl/end"), {}, key)[1]["trajectories"] == 1  # the second continued
+    (traj,) = wait_group(host, gw, group)
+    assert [m for m, _ in turns.runs(traj.mask)] == [1, 0, 1]  # two turns, the tool output between
+
+
 def test_responses_refusals_are_openai_shaped_and_record_nothing(gw: Served) -> None:
     group = open_group(gw, n=1, record=None)
     (session,) = group["sessions"]
@@ -644,7 +674,10 @@ def test_responses_refusals_are_openai_shaped_and_record_nothing(gw: Served) -> 
     cases = [
         (post(url, hello, key=None), 401, "invalid_api_key", "key"),
         (post(f"{gw.url}/v1/responses", hello, key="sk-wrong"), 401, "invalid_api_key", "key"),
-        (post(url, {**hello, "tools": [{"type": "web_search"}]}, key), 400, bad, "tools[0].type: web_search"),
+        (post(url, {**hello, "tools": [{"type": "custom", "name": "x"}]}, key), 400, bad,
+         "tools[0].type: custom"),
+        (post(url, {**hello, "input": [{"type": "item_reference", "id": "x"}]}, key), 400, bad,
+         "input[0].type: item_reference"),
         (post(url, {**hello, "background": True}, key), 400, bad, "background"),
         (post(url, {**hello, "tool_choice": "required", "tools": [LOOKUP_RESPONSES]}, key), 400, bad,
          "tool_choice"),

@@ -1,13 +1,16 @@
 """Real agent frameworks train through the gateway, each with its own dialect, on one gateway job: `asyncrl
 run` of examples/gateway-cpu.yaml (1 rollout replica, the trainer, the embedded nats-server), shared by
-the module. Unmodified clients, each pointed at a session of its own with the lines the README gives:
+the module. Unmodified clients, each pointed at a session of its own with the lines docs/gateway.md gives:
 
 - the OpenAI Agents SDK: an ``Agent`` with two function tools run by ``Runner.run``, on its Responses
   model (``/v1/responses``) and on its chat-completions model (``/v1/chat/completions``);
 - LangGraph: ``create_react_agent`` over langchain-openai's ``ChatOpenAI`` with the same two tools;
 - Claude Code headless (``claude -p``, the Messages API), skipped with the reason where it is not
   installed (tools/setup.sh installs it with npm), and once more in its agent worker image
-  (images/agent-claude-code) under the builtin driver, as examples/claude-code.yaml's workers run it.
+  (images/agent-claude-code) under the builtin driver, as examples/claude-code.yaml's workers run it;
+- Codex CLI headless (``codex exec``, the Responses API through a ``wire_api = "responses"`` provider:
+  its ``client_metadata``, ``namespace`` tool and hosted ``web_search`` as it sends them), skipped the same
+  way, and under the builtin driver as docs/agent-frameworks.md's worker runs it.
 
 The tiny model calls no tool by itself: the rollout's engine runs the logits processor
 ``asyncrl_testing.tool_bias:ScriptedToolCall`` and each task carries the tool call to make, so the
@@ -15,7 +18,8 @@ first turn is a well-formed call (Hermes format, the job's ``toolParser: hermes`
 own tools, and the turn after the tool's result answers ``done``. Each client runs the tool, sends the
 result back and prints the answer; its session ends as one trajectory (the second call continued the
 first: two generated turns, the tool result between them masked 0). The model is made here with room for
-Claude Code's ~13k-character requests (the character-level tokenizer: one token per character).
+Claude Code's ~13k-character and Codex CLI's ~20k-character requests (the character-level tokenizer: one
+token per character).
 
 Checked last, once everything is quiet: every session's trajectory reached the trainer -- produced =
 stored = consumed + dropped + still in the stream, the trainer consumed at least one per session, and no
@@ -47,10 +51,15 @@ from asyncrl_workloads.local import containers, pods, process
 pytestmark = pytest.mark.e2e
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NAMESPACE = "default"
-CONTEXT = 16384  # tokens = characters: Claude Code's system prompt, reminders and tool list fit
+CONTEXT = 32768  # tokens = characters: Claude Code's (~13k) and Codex CLI's (~20k) first requests fit
 SESSIONS: list[str] = []  # the sessions the clients ended, for the last test
 CACHE = pathlib.Path(os.environ.get("ASYNCRL_CACHE", pathlib.Path.home() / ".cache" / "asyncrl"))
 CLAUDE = CACHE / "claude-code" / "node_modules" / ".bin" / "claude"
+CODEX = CACHE / "codex" / "node_modules" / ".bin" / "codex"
+CODEX_PROVIDER = (  # docs/agent-frameworks.md: plain HTTP Responses, the key from the named variable
+    'model_providers.asyncrl={{name="asyncrl", base_url="{url}", env_key="OPENAI_API_KEY", '
+    'wire_api="responses"}}'
+)
 AGENT_IMAGE = "agent-claude-code"
 
 
@@ -64,6 +73,7 @@ def _write_job(tmp: pathlib.Path) -> pathlib.Path:
         maxModelLen=CONTEXT, args={"logits_processors": "asyncrl_testing.tool_bias:ScriptedToolCall"}
     )
     spec["rollout"]["sampling"].update(samplesPerPrompt=1, maxTokens=96)
+    spec["trainer"]["algorithm"]["name"] = "reinforce++"  # groups of one session: no group baseline
     spec["trainer"]["batch"] = {"prompts": 1, "miniBatches": 1, "microBatchTokens": CONTEXT}
     spec["agent"].update(toolParser="hermes", maxAssistantTurns=6)
     spec["agent"].pop("stopTokens")  # <tool_call> starts the scripted call: it must not stop the turn
@@ -237,6 +247,76 @@ def test_claude_code_headless_trains_through_a_session(run: dict[str, Any]) -> N
         done.stderr[-2000:],
     )
     assert finish(session)["trajectories"] >= 1
+
+
+def codex_argv(base_url: str, task: str, *flags: str) -> list[str]:
+    """``codex exec`` headless on a session (``base_url`` may be the driver's ``{base_url}``)."""
+    return [str(CODEX), "exec", "--skip-git-repo-check", "-m", "tiny", *flags,
+            "-c", "model_provider=asyncrl", "-c", CODEX_PROVIDER.format(url=base_url), task]  # fmt: skip
+
+
+def test_codex_headless_trains_through_a_session(run: dict[str, Any]) -> None:
+    """Codex's own requests (its developer prompt, function tools, the multi_agent_v1 namespace tool, the
+    hosted web_search, client_metadata, ...): the scripted model calls its exec_command tool, Codex runs
+    the command (the scratch dir is the sandbox: Codex's own needs user namespaces) and sends the output
+    back, the model answers; the second call continues the first: one trajectory."""
+    if not CODEX.exists():
+        pytest.skip(f"Codex CLI is not installed at {CODEX} (tools/setup.sh all installs it with npm)")
+    session = open_session(run)
+    work, home = run["tmp"] / "codex-work", run["tmp"] / "codex-home"  # Codex keeps its state in HOME/.codex
+    work.mkdir(exist_ok=True)
+    home.mkdir(exist_ok=True)
+    task = tool_bias.task("exec_command", {"cmd": "printf ran > proof.txt"}, "Write the proof.")
+    done = subprocess.run(
+        codex_argv(session["base_url"], task, "--dangerously-bypass-approvals-and-sandbox"),
+        cwd=work, env={"PATH": os.environ["PATH"], "HOME": str(home), "OPENAI_API_KEY": session["api_key"]},
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == tool_bias.ANSWER, (
+        done.stdout,
+        done.stderr[-3000:],
+    )
+    assert (work / "proof.txt").read_text() == "ran"  # the tool ran
+    assert finish(session)["trajectories"] == 1
+
+
+def responses_answers(run: dict[str, Any]) -> dict[str, float]:
+    """The rollout's ``POST /v1/responses`` answers so far, by status code."""
+    ports = {p["role"]: p["metricsPort"] for p in json.loads((run["run_dir"] / "pods.json").read_text())}
+    samples = learning.metric_samples(ports["rollout"], ("asyncrl_gateway_requests_total",))
+    return {
+        dict(labels)["code"]: value for _, labels, value in samples if dict(labels)["route"] == "responses"
+    }
+
+
+def test_codex_runs_once_per_session_under_asyncrl_agent(run: dict[str, Any]) -> None:
+    """`asyncrl agent -- codex exec ... {base_url} ... {prompt}` as docs/agent-frameworks.md's worker runs
+    it: a group of the job's data, one session, the session's URL put into Codex's provider config and its
+    key in OPENAI_API_KEY, the job's reward function scoring the session it ended. No script here: the
+    random model's turn runs to the job's maxTokens, which the gateway reports as Codex's API would
+    (``response.incomplete``, reason max_output_tokens) and Codex ends with exit 1 - an episode all the
+    same. So what is checked is that every one of its Responses calls was answered 200, and the session
+    ended (not aborted)."""
+    if not CODEX.exists():
+        pytest.skip(f"Codex CLI is not installed at {CODEX} (tools/setup.sh all installs it with npm)")
+    before = responses_answers(run)
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl_workloads.cli", "agent", "--n", "1", "--groups", "1",
+         "--session-home", "--workdir", str(run["tmp"]), "--timeout", "500",
+         "--", *codex_argv("{base_url}", "{prompt}")],
+        cwd=run["tmp"], env={**os.environ, **run["env"]}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[-1] == "asyncrl agent: 1 groups, 1 sessions ended, 0 aborted", (
+        done.stdout[-3000:],
+        done.stderr[-3000:],
+    )
+    after = responses_answers(run)
+    answered = {
+        code: after[code] - before.get(code, 0.0) for code in after if after[code] != before.get(code)
+    }
+    assert set(answered) == {"200"} and answered["200"] >= 1, (answered, lines)
+    SESSIONS.append("asyncrl agent -- codex exec")
 
 
 @pytest.mark.parametrize("example", ["agents_sdk_agent.py", "claude_code_driver.py"])

@@ -7,6 +7,7 @@ import json
 import pathlib
 from typing import Any
 
+import yaml
 from asyncrl_api import config, models
 from asyncrl_operator import render
 from asyncrl_testing import jobs
@@ -23,6 +24,19 @@ def test_the_prompt_goes_where_the_command_asks_for_it() -> None:
     assert (argv, stdin) == (["claude", "-p", "say hi", "--model", "m"], False)
     argv, stdin = agentdriver.session_argv(["my-agent", "--fast"], "say hi")
     assert (argv, stdin) == (["my-agent", "--fast"], True)
+
+
+def test_the_sessions_base_url_goes_where_the_command_asks_for_it_and_its_key_never() -> None:
+    """Codex CLI takes the URL only in its config (docs/agent-frameworks.md's worker, checked as a spec):
+    {base_url} is replaced, the key stays in OPENAI_API_KEY (its provider's env_key)."""
+    docs = (REPO / "docs" / "agent-frameworks.md").read_text()
+    (block,) = [b for b in docs.split("```yaml\n")[1:] if "codex" in b]
+    agent = models.AgentSpec.model_validate(yaml.safe_load(block.split("```")[0])["agent"])
+    assert agent.workers is not None
+    argv, stdin = agentdriver.session_argv(agent.workers.session_command, "fix it", SESSION["base_url"])
+    assert not stdin and argv[-1] == "fix it" and argv[:2] == ["codex", "exec"]
+    assert f'base_url="{SESSION["base_url"]}", env_key="OPENAI_API_KEY"' in argv[-2]
+    assert SESSION["api_key"] not in " ".join(argv)
 
 
 def test_the_session_is_in_the_environment_every_common_client_reads(tmp_path: pathlib.Path) -> None:
@@ -62,7 +76,7 @@ def test_the_command_line_is_checked_before_anything_runs(capsys: Any, monkeypat
     )
 
 
-def test_local_agent_pods_reach_replica_zeros_gateway_with_the_runs_key_and_hide_secrets(
+def test_local_agent_pods_reach_the_front_url_with_the_runs_key_and_hide_secrets(
     monkeypatch: Any,
 ) -> None:
     monkeypatch.chdir(REPO)  # relative paths in a worker's command are the current directory's
@@ -86,7 +100,7 @@ def test_local_agent_pods_reach_replica_zeros_gateway_with_the_runs_key_and_hide
         ("gw-agent-1", "agent", 0),
     ]
     env = agents[0].env
-    assert env["ASYNCRL_GATEWAY_URL"] == local.url(0) and env["ASYNCRL_GATEWAY_ADMIN_KEY"] == "run-key"
+    assert env["ASYNCRL_GATEWAY_URL"] == local.front_url and env["ASYNCRL_GATEWAY_ADMIN_KEY"] == "run-key"
     assert env["MODE"] == "x" and env["TOOL_KEY"] == "tool-secret" and "HOME" not in env
     assert agents[0].argv[1:] == ("examples/agents/lookup_agent.py",) and agents[0].argv[0].endswith(
         "python3"

@@ -174,6 +174,7 @@ def _gateway_job(replicas=2, port=8100):
 
 
 def test_gateway_replicas_get_their_own_port_and_url_and_the_admin_key_for_its_secret():
+    """The spec port is the front URL's (the Service's on a cluster); replica i serves on port + 1 + i."""
     job = _gateway_job(replicas=2, port=8100)
     local_gateway = gateway.plan(job.spec, {})
     assert local_gateway is not None and local_gateway.secret == ("gw-gateway-admin", "apiKey")
@@ -187,13 +188,13 @@ def test_gateway_replicas_get_their_own_port_and_url_and_the_admin_key_for_its_s
         "gw-trainer-0": {},
         "gw-rollout-0": {
             "ASYNCRL_GATEWAY_ADMIN_KEY": key,
-            "ASYNCRL_GATEWAY_PORT": "8100",
-            "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8100",
+            "ASYNCRL_GATEWAY_PORT": "8101",
+            "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8101",
         },
         "gw-rollout-1": {
             "ASYNCRL_GATEWAY_ADMIN_KEY": key,
-            "ASYNCRL_GATEWAY_PORT": "8101",
-            "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8101",
+            "ASYNCRL_GATEWAY_PORT": "8102",
+            "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8102",
         },
     }
     described = json.loads(pods.describe(local))  # pods.json: the key stays in gateway.json only
@@ -227,14 +228,15 @@ def test_gateway_urls_and_key_are_printed_and_written_for_the_owner_only(tmp_pat
     )
     assert info == {
         "url": "http://127.0.0.1:8200",
-        "urls": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"],
+        "urls": ["http://127.0.0.1:8201", "http://127.0.0.1:8202"],
         "adminKey": "k3y",
         "env": {"ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8200", "ASYNCRL_GATEWAY_ADMIN_KEY": "k3y"},
         "agentCommand": command,
     }
     url_line, key_line, agent_line = local_gateway.lines(path)
-    assert url_line.startswith("asyncrl: agent gateway at http://127.0.0.1:8200 (replica 0 of ")
-    assert "http://127.0.0.1:8201" in url_line
+    assert url_line.startswith(
+        "asyncrl: agent gateway at http://127.0.0.1:8200 (in front of http://127.0.0.1:8201, http://127.0.0.1:8202)"
+    )
     assert key_line == f"asyncrl: gateway admin key k3y (also in {path})"
     assert agent_line == f"asyncrl: drive it with an agent: {command}"
     quoted = dataclasses.replace(local_gateway, admin_key="a b")  # a key from the env is quoted for the shell

@@ -11,9 +11,12 @@ can start, so none waits out its session timeout in a queue):
    samplesPerPrompt); a 429 or 503 waits Retry-After, a gateway not up yet is waited for (--connect-wait).
 2. Per session, CMD in a scratch working directory of its own, ``{prompt}`` in any argument replaced by the
    task's prompt (the last user message of the group's chat messages, else the record's prompt), else the
-   prompt on stdin; the session is in the environment the common clients read: OPENAI_BASE_URL and
-   OPENAI_API_KEY (the OpenAI SDKs, LangChain), ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY (Claude Code, the
-   Anthropic SDK), ASYNCRL_SESSION_URL and ASYNCRL_SESSION_KEY (``/rl/reward``), ASYNCRL_REWARD_FILE.
+   prompt on stdin, and ``{base_url}`` by the session's OpenAI base URL (for a CLI that takes it only in
+   its config, as Codex CLI: ``-c model_providers.<id>.base_url``; the key is never put on the command
+   line: such a CLI reads it from an env var it is told); the session is in the environment the common
+   clients read: OPENAI_BASE_URL and OPENAI_API_KEY (the OpenAI SDKs, LangChain; Codex CLI's provider
+   `env_key`), ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY (Claude Code, the Anthropic SDK),
+   ASYNCRL_SESSION_URL and ASYNCRL_SESSION_KEY (``/rl/reward``), ASYNCRL_REWARD_FILE.
 3. When CMD exits (any code: a failed run is an episode too, the job's reward function scores it) a reward
    it wrote to $ASYNCRL_REWARD_FILE (a number) is set, and the session ended. A CMD still running at
    --timeout is killed with its process group and the session aborted (``/rl/abort``: never trained on,
@@ -42,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 PROMPT = "{prompt}"
+BASE_URL = "{base_url}"
 KILL_GRACE_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
 """A whole gateway request (send, answer read to its end), however slowly the gateway answers."""
@@ -130,11 +134,12 @@ def session_env(
     }
 
 
-def session_argv(command: Sequence[str], prompt: str) -> tuple[list[str], bool]:
-    """CMD with {prompt} substituted, and whether the prompt goes on stdin instead."""
-    if any(PROMPT in arg for arg in command):
-        return [arg.replace(PROMPT, prompt) for arg in command], False
-    return list(command), True
+def session_argv(command: Sequence[str], prompt: str, base_url: str = "") -> tuple[list[str], bool]:
+    """CMD with {base_url} and {prompt} substituted, and whether the prompt goes on stdin instead."""
+    argv = [arg.replace(BASE_URL, base_url) for arg in command]
+    if any(PROMPT in arg for arg in argv):
+        return [arg.replace(PROMPT, prompt) for arg in argv], False
+    return argv, True
 
 
 def read_reward(path: pathlib.Path) -> float | None:
@@ -254,7 +259,7 @@ class Driver:
 
     async def run_command(self, session: Mapping[str, Any], prompt: str, scratch: pathlib.Path) -> bool:
         """Run CMD for one session; True when it exited by itself, False when it was killed."""
-        argv, on_stdin = session_argv(self.args.session_command, prompt)
+        argv, on_stdin = session_argv(self.args.session_command, prompt, str(session["base_url"]).rstrip("/"))
         env = session_env(session, scratch / "reward", self.environ)
         if self.args.session_home:
             env["HOME"] = str(scratch)
@@ -330,7 +335,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-home", action="store_true",
                         help="HOME is the session scratch directory (CLIs keeping state there)")  # fmt: skip
     parser.add_argument("session_command", metavar="-- CMD ARGS", nargs=argparse.REMAINDER,
-                        help="the agent's command ({prompt}: the task's prompt, else on stdin)")  # fmt: skip
+                        help="the agent's command ({prompt}: the task's prompt, else on stdin; {base_url}: "
+                        "the session's OpenAI base URL)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:

@@ -134,6 +134,12 @@ GATEWAY_UNREWARDED = _counter(
     "asyncrl_gateway_unrewarded",
     "Gateway trajectories not published: no reward was set and the session had no record to score.",
 )
+GATEWAY_HOSTED_TOOLS_DROPPED = _counter(
+    "asyncrl_gateway_hosted_tools_dropped",
+    "Gateway Responses API: hosted tools (web_search, mcp, ...) the gateway cannot run, left out of what "
+    "the model sees (spec.agent.gateway.hostedTools: drop), by tool type.",
+    ("type",),
+)
 ENDPOINT_NAMES = ("judge", "teacher")
 TRACKING_ERRORS = _counter(
     "asyncrl_tracking_errors",
@@ -314,6 +320,10 @@ class Bound:
 
     def agent_episodes_by(self, ended: str) -> prometheus_client.Counter:
         return AGENT_EPISODES.labels(*self._values, ended)
+
+    def gateway_hosted_tools_dropped_by(self, kind: str) -> prometheus_client.Counter:
+        """Bounded: ``kind`` is one of gateway/responses_api.py's HOSTED_TOOLS or "other"."""
+        return GATEWAY_HOSTED_TOOLS_DROPPED.labels(*self._values, kind)
 
     def gateway_requests_by(self, route: str, code: int) -> prometheus_client.Counter:
         """Bounded: ``route`` is one of the gateway's fixed route names, never a path."""

@@ -39,6 +39,7 @@ import json
 import logging
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -265,7 +266,7 @@ class GatewayApp:
         self, session: Session, prep: service_mod.Prepared, model: str
     ) -> AsyncIterator[str]:
         created = int(time.time())
-        chunk_id = "chatcmpl-" + session.id
+        prep.call_id = chunk_id = "chatcmpl-" + uuid.uuid4().hex  # one id for the stream and the call
 
         def chunk(
             delta: base_protocol.DeltaMessage | None, finish: str | None = None, usage: Any = None
@@ -283,7 +284,6 @@ class GatewayApp:
             if isinstance(item, str):
                 yield chunk(base_protocol.DeltaMessage(content=item))
                 continue
-            chunk_id = item.id
             if prep.parse_tools:
                 deltas = [
                     base_protocol.DeltaToolCall(
@@ -317,7 +317,7 @@ class GatewayApp:
         self, session: Session, prep: service_mod.Prepared, model: str
     ) -> AsyncIterator[str]:
         created = int(time.time())
-        chunk_id = "cmpl-" + session.id
+        prep.call_id = chunk_id = "cmpl-" + uuid.uuid4().hex
 
         def chunk(text: str | None, finish: str | None = None, usage: Any = None) -> str:
             choices = [] if text is None else [
@@ -332,7 +332,6 @@ class GatewayApp:
             if isinstance(item, str):
                 yield chunk(item)
                 continue
-            chunk_id = item.id
             yield chunk("", item.finish_reason)
             options = prep.req.stream_options
             if options is not None and options.include_usage:

@@ -41,7 +41,7 @@ IGNORED = frozenset({
     "metadata", "thinking", "context_management", "output_config", "cache_control", "service_tier", "speed",
     "inference_geo", "diagnostics", "user_profile_id", "workspace_id",
 })  # fmt: skip
-"""Accepted and ignored (README "Your agent framework"); ``output_config.format`` is refused."""
+"""Accepted and ignored (docs/gateway.md, "Your agent framework"); ``output_config.format`` is refused."""
 COUNT_HONOURED = frozenset({"model", "messages", "system", "tools", "tool_choice"})
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -101,9 +101,7 @@ def _parse(model: type[pydantic.BaseModel], body: Mapping[str, Any]) -> Any:
     try:
         return model.model_validate(dict(body))
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise SessionError(400, f"{where}: {first.get('msg')}", "invalid_request") from None
+        raise sessions_mod.invalid(exc.errors()) from None
 
 
 def _chat(req: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:

@@ -77,6 +77,9 @@ class GatewaySettings:
     """Completions per session (agent.maxAssistantTurns)."""
     max_episode_tokens: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    hosted_tools: str = "drop"
+    """Responses API tools the gateway cannot run (web_search, ...): drop (left out of what the model
+    sees, counted, named in a header) or refuse (400) - spec.agent.gateway.hostedTools."""
 
 
 @dataclasses.dataclass
@@ -459,11 +462,7 @@ def _validate(model: type[pydantic.BaseModel], body: Mapping[str, Any], supporte
     try:
         req = model.model_validate(dict(body))
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise SessionError(
-            400, f"{where}: {first.get('msg')}" if where else str(first.get("msg")), "invalid_request"
-        ) from None
+        raise sessions_mod.invalid(exc.errors()) from None
     for name in sorted(req.model_fields_set - supported):
         if getattr(req, name) != type(req).model_fields[name].default:
             raise SessionError(400, f"{name}: not supported by the asyncrl gateway", "unsupported_parameter")

@@ -29,6 +29,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,9 @@ from asyncrl_workloads.episode import recorder
 from asyncrl_workloads.rollout import group as group_mod
 
 SESSION_STATES = ("open", "ended", "expired", "aborted")
+FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])+")
+"""A dotted field path ("thinking.budget_tokens", "tools[0].type"): how a whole-request check's message
+names the field it is about."""
 
 
 @dataclasses.dataclass
@@ -107,6 +111,20 @@ class SessionError(Exception):
     def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.status, self.code = status, code
+
+
+def invalid(errors: Sequence[Mapping[str, Any]]) -> SessionError:
+    """The 400 for a body a protocol model refused (``pydantic.ValidationError.errors()``), starting
+    with the field: the first error's location, or, for a check of the whole request (no location), the
+    field its message names first ("thinking.budget_tokens must be less than max_tokens")."""
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if not where:
+        field, _, rest = message.partition(" ")
+        if rest and FIELD.fullmatch(field):
+            where, message = field, rest
+    return SessionError(400, f"{where}: {message}" if where else message, "invalid_request")
 
 
 @dataclasses.dataclass

@@ -1,12 +1,14 @@
-"""The agent gateway of a local run (spec.agent.loop gateway): its admin key, one port per rollout replica,
-and what the user is told to point an agent at.
+"""The agent gateway of a local run (spec.agent.loop gateway): its admin key, its front URL and one port per
+rollout replica, and what the user is told to point an agent at.
 
 Called by `runner` (and `pods.expand`, which puts `pod_env` into each rollout's env); pure except
-`write_info`. On a cluster the admin key comes from the Secret named in spec.agent.gateway.adminKeySecret
-and each replica's URL is its pod's DNS name. Locally the runner stands in for both: the key is the
-environment's ASYNCRL_GATEWAY_ADMIN_KEY, or a fresh random one per run, and it is what the Secret's
-`secretKeyRef` resolves to (`secrets`); replica i serves on spec port + i (the replicas share one host),
-at http://127.0.0.1:<port>.
+`write_info`. On a cluster the admin key comes from the Secret named in spec.agent.gateway.adminKeySecret,
+agents reach the replicas through the Service `<job>-gateway` on spec port, and each replica's URL is its
+pod's DNS name. Locally the runner stands in for all three: the key is the environment's
+ASYNCRL_GATEWAY_ADMIN_KEY, or a fresh random one per run, and it is what the Secret's `secretKeyRef`
+resolves to (`secrets`); the front URL (`front`, http://127.0.0.1:<spec port>) spreads requests over the
+replicas as the Service does; replica i serves on spec port + 1 + i (the replicas share one host), at
+http://127.0.0.1:<that port>, the URL its sessions carry.
 """
 
 from __future__ import annotations
@@ -37,13 +39,19 @@ AGENT_SCRIPT = "examples/agents/lookup_agent.py"
 class LocalGateway:
     admin_key: str
     base_port: int
-    """spec.agent.gateway.port: replica 0's port; replica i serves on base_port + i."""
+    """spec.agent.gateway.port: the front URL's port (the Service's on a cluster); replica i serves on
+    base_port + 1 + i."""
     replicas: int
     secret: tuple[str, str]
     """(name, key) of spec.agent.gateway.adminKeySecret: the secretKeyRef the admin key stands for."""
 
+    @property
+    def front_url(self) -> str:
+        """Where agents open sessions: the front, which spreads them over the replicas (`front`)."""
+        return f"http://127.0.0.1:{self.base_port}"
+
     def port(self, replica: int) -> int:
-        return self.base_port + replica
+        return self.base_port + 1 + replica
 
     def url(self, replica: int) -> str:
         return f"http://127.0.0.1:{self.port(replica)}"
@@ -51,6 +59,11 @@ class LocalGateway:
     @property
     def urls(self) -> list[str]:
         return [self.url(r) for r in range(self.replicas)]
+
+    @property
+    def ports(self) -> list[int]:
+        """Every port the run listens on for the gateway: the front's, then the replicas'."""
+        return [self.base_port, *(self.port(r) for r in range(self.replicas))]
 
     def pod_env(self, replica: int) -> dict[str, str]:
         """What a local rollout replica gets instead of the pod's DNS name and the spec's port."""
@@ -62,26 +75,25 @@ class LocalGateway:
 
     def agent_command(self) -> str:
         return (
-            f"{URL_ENV}={shlex.quote(self.url(0))} {ADMIN_KEY_ENV}={shlex.quote(self.admin_key)} "
+            f"{URL_ENV}={shlex.quote(self.front_url)} {ADMIN_KEY_ENV}={shlex.quote(self.admin_key)} "
             f"python {AGENT_SCRIPT}"
         )
 
     def info(self) -> dict[str, Any]:
-        """The content of the run dir's gateway.json."""
+        """The content of the run dir's gateway.json: the front URL, and each replica's in `urls`."""
         return {
-            "url": self.url(0),
+            "url": self.front_url,
             "urls": self.urls,
             "adminKey": self.admin_key,
-            "env": {URL_ENV: self.url(0), ADMIN_KEY_ENV: self.admin_key},
+            "env": {URL_ENV: self.front_url, ADMIN_KEY_ENV: self.admin_key},
             "agentCommand": self.agent_command(),
         }
 
     def lines(self, info_path: pathlib.Path) -> list[str]:
         """What the runner prints once at start."""
-        replicas = f" (replica 0 of {', '.join(self.urls)})" if self.replicas > 1 else ""
         return [
-            f"asyncrl: agent gateway at {self.url(0)}{replicas}: open sessions there "
-            "(POST /rl/groups with the admin key); each session's base_url is an OpenAI API",
+            f"asyncrl: agent gateway at {self.front_url} (in front of {', '.join(self.urls)}): open sessions "
+            "there (POST /rl/groups with the admin key); each session's base_url is an OpenAI API",
             f"asyncrl: gateway admin key {self.admin_key} (also in {info_path})",
             f"asyncrl: drive it with an agent: {self.agent_command()}",
         ]
@@ -102,15 +114,15 @@ def plan(spec: models.AsyncRLJobSpec, environ: Mapping[str, str]) -> LocalGatewa
 
 
 def busy_ports(gateway: LocalGateway) -> list[int]:
-    """The replicas' ports something else listens on (the rollout would exit failing to bind)."""
+    """The front's and the replicas' ports something else listens on (the run would fail to bind)."""
     busy = []
-    for replica in range(gateway.replicas):
+    for port in gateway.ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the gateway binds it
             try:
-                sock.bind(("0.0.0.0", gateway.port(replica)))
+                sock.bind(("0.0.0.0", port))
             except OSError:
-                busy.append(gateway.port(replica))
+                busy.append(port)
     return busy
 
 

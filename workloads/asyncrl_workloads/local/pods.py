@@ -11,9 +11,10 @@ references in the command expanded from that env. Local differences, all explici
   name 127.0.0.1 and the runner's free ports (`localize_config`);
 - MASTER_ADDR/MASTER_PORT (torch's default group) become 127.0.0.1 and the local torch master port;
 - each process gets its own metrics port through ASYNCRL_METRICS_PORT (they share one host);
-- a gateway job's rollout replica i serves the gateway on spec port + i at 127.0.0.1 (`local.gateway`:
-  ASYNCRL_GATEWAY_PORT and ASYNCRL_GATEWAY_URL replace the pod's DNS name), and the admin key's
-  `secretKeyRef` resolves to the run's key (the only Secret a local run has);
+- a gateway job's rollout replica i serves the gateway on spec port + 1 + i at 127.0.0.1
+  (`local.gateway`: ASYNCRL_GATEWAY_PORT and ASYNCRL_GATEWAY_URL replace the pod's DNS name; the spec port
+  is the runner's front URL, as the Service's on a cluster), and the admin key's `secretKeyRef` resolves to
+  the run's key (the only Secret a local run has);
 - an endpoint's API key (the judge's on rollouts, the teacher's on trainers: a `secretKeyRef` env var named
   in `ENDPOINT_KEY_ENVS`) is the runner's own variable of that name, or left unset when it has none (the
   endpoint then gets no key; one that wants a key answers 401 and the message names the Secret);
@@ -301,9 +302,10 @@ def expand_agents(
 ) -> list[LocalPod]:
     """The agent workers' Deployment (spec.agent.workers) as `workers.replicas` local pods: started with
     the rest (an agent waits for the gateway itself; the operator holds them at 0 until a rollout serves),
-    ASYNCRL_GATEWAY_URL is replica 0's local gateway, the admin key the run's; a Secret or ConfigMap key of
-    the worker's env is the runner's own variable of that name; envFrom is not resolved locally. Relative
-    paths in the command are the current directory's, as in `asyncrl run`. No metrics port (0)."""
+    ASYNCRL_GATEWAY_URL is the run's front URL (the Service's on a cluster), the admin key the run's; a
+    Secret or ConfigMap key of the worker's env is the runner's own variable of that name; envFrom is not
+    resolved locally. Relative paths in the command are the current directory's, as in `asyncrl run`. No
+    metrics port (0)."""
     workers = cfg.spec.agent.workers if cfg.spec.agent is not None else None
     deployment = next((m for m in manifests if m.get("kind") == "Deployment"), None)
     if workers is None or deployment is None or gateway is None:
@@ -316,7 +318,7 @@ def expand_agents(
         pod_name = f"{deployment['metadata']['name']}-{ordinal}"
         env = container_env(container, pod_name, cfg.namespace, ordinal, labels, gateway.secrets(), environ)
         env.pop("HOME", None)  # the pod's emptyDir; locally the user's own
-        env[config.GATEWAY_URL_ENV] = gateway.url(0)
+        env[config.GATEWAY_URL_ENV] = gateway.front_url
         argv = [expand_vars(arg, env) for arg in container.get("command", []) + container.get("args", [])]
         if not argv:
             raise RenderedJobError("spec.agent.workers: a local run needs command or sessionCommand")

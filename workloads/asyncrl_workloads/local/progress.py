@@ -2,7 +2,7 @@
 turn both into one record per poll (the run dir's metrics.jsonl) and one terminal line.
 
 Called by `runner` every poll interval; `plot` reads the records back. Sources:
-- each process's Prometheus endpoint (README, Metrics): produced/consumed/dropped counters, tokens
+- each process's Prometheus endpoint (docs/metrics.md): produced/consumed/dropped counters, tokens
   generated, the reward histogram (rollouts), queue depth, trainer step and param versions, and for a
   job with an agent loop its tool calls and finished episodes (series a rollout creates only once it
   counted one, so a job without `spec.agent` shows nothing of them);

@@ -12,8 +12,9 @@ with local endpoints), pods.json (argv/env of every process), logs/<pod>.log, na
 steps.jsonl (trainer step log), progress.json (trainer progress report), metrics.jsonl (one record per
 poll, see `progress`), validation.jsonl (with spec.data.validation: every validation sample, written by
 the trainer, see trainer/validation.py), checkpoints/ (unless --keep-checkpoint-path), summary.json; for
-a gateway job also gateway.json (mode 0600: the replicas' URLs and the admin key, also printed at start;
-see `gateway`).
+a gateway job also gateway.json (mode 0600: the front URL, the replicas' URLs and the admin key, also
+printed at start; see `gateway`). A gateway job's front URL, which spreads the agents' groups over the
+rollout replicas as the gateway's Service does on a cluster, is served by the runner itself (`front`).
 
 With --containers (`Options.containers`) each pod runs in its rendered image under podman or docker
 instead (`containers`: the image, command, env, user and read-only root filesystem the pod would get,
@@ -44,7 +45,7 @@ import yaml
 from asyncrl_api import models
 
 from asyncrl_workloads import termination
-from asyncrl_workloads.local import containers, elastic, gateway, natsserver, pods, process, progress
+from asyncrl_workloads.local import containers, elastic, front, gateway, natsserver, pods, process, progress
 
 STOP_GRACE_S = 15.0
 ROLLOUT_RESTARTS = 3
@@ -322,7 +323,7 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     if busy:
         raise JobFileError(
             f"spec.agent.gateway.port: port(s) {', '.join(map(str, busy))} in use on this machine "
-            f"(rollout replica i serves on port + i); choose another port"
+            f"(the front URL serves on port, rollout replica i on port + 1 + i); choose another port"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "job.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -348,6 +349,7 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     nats = None
     supervisor = None
+    gateway_front = None
     outcome, detail = "stopped", ""
     stop_seconds = 0.0
     try:
@@ -369,6 +371,8 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         local_pods += pods.expand_agents(manifests, cfg, local_gateway, os.environ)
         (run_dir / "pods.json").write_text(pods.describe(local_pods))
         info_path = gateway.write_info(local_gateway, run_dir) if local_gateway is not None else None
+        if local_gateway is not None:  # up before the agents: it answers 503 until a replica serves
+            gateway_front = front.Front(local_gateway.base_port, local_gateway.urls).start()
         base_env = {
             **LOCAL_ENV_DEFAULTS,
             **os.environ,
@@ -404,6 +408,8 @@ def run(options: Options, stream: TextIO = sys.stdout) -> int:
         if supervisor is not None:
             out.say("asyncrl: stopping processes ...")
             supervisor.stop_all()
+        if gateway_front is not None:
+            gateway_front.stop()
         if nats is not None:
             nats.stop()
         stop_seconds = time.monotonic() - stopping

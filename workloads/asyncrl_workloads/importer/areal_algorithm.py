@@ -381,9 +381,10 @@ def lora(ctx: Context) -> Derived:
     if ctx.get("actor.use_lora", False) is True:
         return refused(
             "actor.use_lora",
-            f"LoRA (rank {ctx.get('actor.lora_rank', '?')}) is not built yet: the job would train all weights"
-            f" at the LoRA learning rate ({ctx.get('actor.optimizer.lr', '?')}); set actor.use_lora=false to"
-            " import a full fine-tuning job",
+            f"LoRA (rank {ctx.get('actor.lora_rank', '?')}) on GPUs: asyncrl's trainer.lora needs"
+            " weightSync.backend gloo (CPU jobs); the NCCL weight sync does not carry adapters yet, so the"
+            f" job would train all weights at the LoRA learning rate ({ctx.get('actor.optimizer.lr', '?')});"
+            " set actor.use_lora=false to import a full fine-tuning job",
         )
     return Derived()
 

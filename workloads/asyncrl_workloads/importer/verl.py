@@ -369,7 +369,7 @@ TABLE: Table = {
     AR + "model.path": To("model.path", model_path),
     AR + "model.lora_rank": To("", alg.lora, "LoRA off: full fine-tuning"),
     AR + "model.lora.rank": To("", alg.lora, "LoRA off: full fine-tuning"),
-    AR + "model.lora_adapter_path": To("", only(None, "a LoRA adapter to start from: LoRA is not built")),
+    AR + "model.lora_adapter_path": To("", only(None, "a LoRA adapter to start from: asyncrl's start fresh")),
     AR + "model.*": Gone("model loading knob (padding removal, checkpointing, kernels): not exposed"),
     AR + "ref.*": Implied("the reference policy (kl > 0): a frozen copy of model.path on the trainer ranks"),
     ACTOR + "strategy": To("trainer.backend", backend),

@@ -354,10 +354,13 @@ ASPECTS = (estimator, loss, entropy, kl, correction, overlong, dynamic_sampling)
 
 
 def lora(value: Any, ctx: Context) -> Any:
-    """model.lora_rank / model.lora.rank: LoRA is not built; rank 0 means full fine-tuning."""
+    """model.lora_rank / model.lora.rank: rank 0 means full fine-tuning. asyncrl's trainer.lora runs on
+    jobs whose weight sync is gloo (CPU) only: the NCCL sync does not carry adapters yet, and verl's jobs
+    are GPU jobs."""
     if value in (0, None):
         return value
     raise Refuse(
-        f"LoRA (rank {value}) is not built yet: the job would train all weights (at the LoRA learning"
-        " rate); set it 0 to import a full fine-tuning job"
+        f"LoRA (rank {value}) on GPUs: asyncrl's trainer.lora needs weightSync.backend gloo (CPU jobs); the"
+        " NCCL weight sync does not carry adapters yet, so the job would train all weights (at the LoRA"
+        " learning rate); set it 0 to import a full fine-tuning job"
     )

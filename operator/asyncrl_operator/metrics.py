@@ -1,4 +1,4 @@
-"""The operator's Prometheus metrics (the README's Metrics table) and the HTTP server that exposes them,
+"""The operator's Prometheus metrics (docs/metrics.md) and the HTTP server that exposes them,
 with the readiness probe's /readyz.
 
 Called by ``asyncrl_operator.reconcile`` (timings, errors, phases, restarts), ``handlers`` (each

@@ -2,7 +2,7 @@
 
 They parse, match their generator (hack/dashboards.py), every panel has a query, every query is valid
 PromQL (parsed by the real promtool after Grafana's variables are substituted), and every metric they
-name is one the project exports: the README's Metrics table, cross-checked against the two real
+name is one the project exports: the Metrics table of docs/metrics.md, cross-checked against the two real
 prometheus_client registries (workloads and operator). The e2e test
 tests/e2e/test_observability.py runs the same queries against a real scrape.
 """
@@ -37,7 +37,7 @@ ENDPOINT_METRICS = {
     "asyncrl_endpoint_requests_total", "asyncrl_endpoint_latency_seconds",
     "asyncrl_endpoint_ratelimit_wait_seconds_total", "asyncrl_teacher_kl",
 }  # fmt: skip
-# The README's Metrics table, verbatim. Histograms also export _bucket/_sum/_count; counters end in _total.
+# docs/metrics.md's table, verbatim. Histograms also export _bucket/_sum/_count; counters end in _total.
 WORKLOAD_METRICS = {
     "asyncrl_trajectories_produced_total", "asyncrl_trajectories_consumed_total",
     "asyncrl_trajectories_dropped_total", "asyncrl_queue_depth", "asyncrl_queue_oldest_age_seconds",
@@ -195,7 +195,7 @@ def test_queries_name_only_exported_metrics(path: pathlib.Path) -> None:
     for expr in queries(load(path)):
         found = metric_names(expr)
         assert found, f"no metric in {expr!r}"
-        assert found <= known, f"{sorted(found - known)} in {expr!r} are not metrics of the README's table"
+        assert found <= known, f"{sorted(found - known)} in {expr!r} are not in docs/metrics.md"
 
 
 def test_dashboards_cover_what_the_issue_lists() -> None:

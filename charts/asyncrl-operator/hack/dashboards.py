@@ -2,7 +2,7 @@
 
 Run by hand after changing a panel: `python charts/asyncrl-operator/hack/dashboards.py`; the unit test
 tests/unit/test_dashboards.py fails when the committed JSON differs from what this script writes, and
-checks every query against the project's metric names (the README's Metrics table).
+checks every query against the project's metric names (docs/metrics.md).
 
 Conventions every query follows (the e2e test substitutes the same variables):
   $namespace / $job  the AsyncRLJob (workload series carry `namespace` and `job`; monitors set honorLabels)

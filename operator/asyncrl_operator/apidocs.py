@@ -10,7 +10,6 @@ from a dict: deterministic, no clock.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import re
@@ -190,20 +189,8 @@ def render_markdown() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or with --check, verify) the reference page."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--output", type=pathlib.Path, default=OUTPUT)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page is not up to date")
-    args = parser.parse_args(argv)
-    text = render_markdown()
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale: run {COMMAND}", file=sys.stderr)
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text, encoding="utf-8")
-    return 0
+    description = __doc__.splitlines()[0] if __doc__ else None
+    return crdgen.write_or_check(argv, description, OUTPUT, render_markdown, COMMAND)
 
 
 if __name__ == "__main__":

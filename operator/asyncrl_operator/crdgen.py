@@ -17,6 +17,7 @@ import pathlib
 import re
 import sys
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
@@ -257,22 +258,35 @@ def render_yaml() -> str:
     return header + yaml.dump(build_crd(), Dumper=_Dumper, sort_keys=False, width=100)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write (or with --check, verify) the CRD file."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--output", type=pathlib.Path, default=OUTPUT)
+def write_or_check(
+    argv: list[str] | None,
+    description: str | None,
+    output: pathlib.Path,
+    render: Callable[[], str],
+    command: str,
+) -> int:
+    """A generated file's command line: write ``render()`` to --output, or with --check exit 1 (naming
+    ``command``) when the committed file differs. Used by this module and apidocs."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--output", type=pathlib.Path, default=output)
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is not up to date")
     args = parser.parse_args(argv)
-    text = render_yaml()
+    text = render()
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is stale: run python -m asyncrl_operator.crdgen", file=sys.stderr)
+            print(f"{args.output} is stale: run {command}", file=sys.stderr)
             return 1
         return 0
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text, encoding="utf-8")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or with --check, verify) the CRD file."""
+    description = __doc__.splitlines()[0] if __doc__ else None
+    return write_or_check(argv, description, OUTPUT, render_yaml, "python -m asyncrl_operator.crdgen")
 
 
 if __name__ == "__main__":

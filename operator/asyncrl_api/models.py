@@ -164,15 +164,17 @@ _SPEC_RULES = (
         ),
     ),
     base.Rule(
-        cel="!(self.trainer.algorithm.name in "
+        cel="has(self.teacher) || !(self.trainer.algorithm.name in "
         + str(list(algorithm.GROUP_ESTIMATORS))
         + ") || self.rollout.sampling.samplesPerPrompt > 1",
         message="trainer.algorithm.name is a group estimator (grpo, rloo, reinforce++-baseline): with"
         " rollout.sampling.samplesPerPrompt 1 every advantage would be 0; sample 2 or more per prompt, or"
-        " use reinforce++ or ppo",
+        " use reinforce++ or ppo (a job with spec.teacher may: its distillation term is the signal then)",
         field_path=".rollout.sampling.samplesPerPrompt",
         check=lambda s: (
-            s.trainer.algorithm.name not in algorithm.GROUP_ESTIMATORS or s.rollout.sampling.n > 1
+            s.teacher is not None
+            or s.trainer.algorithm.name not in algorithm.GROUP_ESTIMATORS
+            or s.rollout.sampling.n > 1
         ),
     ),
     base.Rule(

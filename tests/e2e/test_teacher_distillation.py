@@ -60,6 +60,14 @@ def job_spec(tmp: pathlib.Path) -> dict[str, Any]:
         "weightSync": {"backend": "gloo", "timeoutSeconds": 30},
         "data": {"prompts": "builtin:say_char", "format": "raw"},
         "maxSteps": 10_000,
+        # a placeholder until add_teacher points it at the server the test starts: a job with one sample
+        # per prompt and GRPO (every advantage 0) is admitted only with a teacher, whose KL is its signal;
+        # the rollout, started first, never reads spec.teacher
+        "teacher": {
+            "endpoint": {"baseURL": "http://127.0.0.1:9/v1", "model": "placeholder",
+                         "apiKeySecret": {"name": "teacher", "key": "apiKey"}},
+            "klCoef": KL_COEF,
+        },
     }  # fmt: skip
 
 

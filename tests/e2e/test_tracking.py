@@ -297,7 +297,10 @@ def _assert_sampled_validation_is_consistent(
         passed = sum(max(rewards) >= 1.0 for rewards in by_record.values()) / records
         first = sum(rewards[0] >= 1.0 for rewards in by_record.values()) / records  # pass@1 of sample 0
         assert passed >= first  # k tries pass at least as often as one
-        same_step = [r for r in results if r["step"] == run[0]["step"]]
+        # the result of this run (its step and version: a step is validated twice across the restart)
+        same_step = [
+            r for r in results if (r["step"], r["paramVersion"]) == (run[0]["step"], run[0]["version"])
+        ]
         if same_step:  # its result reached the step log (not one sent after the trainer's last step)
             assert any(
                 r["meanAtK"] == pytest.approx(mean) and r["passAtK"] == pytest.approx(passed)

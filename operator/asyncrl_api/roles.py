@@ -321,15 +321,15 @@ class MemorySpec(base.APIModel):
     """Keep only each decoder layer's input in forward and recompute the layer in backward (verl's
     default): activation memory drops from all layers' to about one layer's, for about one more
     forward of compute. fsdp2: torch.utils.checkpoint around every decoder layer; megatron: its full
-    uniform recompute of every layer (on GPU; its checkpoint function reads the CUDA RNG state, so the
-    CPU path runs without)."""
+    uniform recompute of every layer on GPU, torch.utils.checkpoint around every layer on CPU (megatron's
+    recompute saves the CUDA RNG state)."""
     logprob_chunk_tokens: int = pydantic.Field(default=4096, ge=0, le=1_048_576)
     """Log-probabilities and entropy are computed from the final hidden states this many tokens at a
     time (the language-model head, log-softmax and the token's pick per chunk, each chunk recomputed
     in backward), so [tokens x vocabulary] logits never exist for a whole micro-batch: for a 152k
     vocabulary one 4096-token chunk holds 2.5 GB of float32 logits where a 16k-token micro-batch would
-    hold 10 GB. 0: the whole micro-batch's logits at once. fsdp2 only (megatron's vocabulary-parallel
-    log-softmax already splits the vocabulary over tensor-parallel ranks)."""
+    hold 10 GB. 0: the whole micro-batch's logits at once. Both backends (megatron: each chunk's logits
+    also split over tensor-parallel ranks, its vocabulary-parallel log-softmax)."""
     packing: bool = False
     """Pack each micro-batch's sequences into one row without padding (fsdp2): position ids restart at
     each sequence, and transformers' attention keeps the sequences apart (varlen flash-attention on GPU,
@@ -340,7 +340,8 @@ class MemorySpec(base.APIModel):
     """Keep what the accelerator does not need between uses in CPU memory. fsdp2: torch's
     CPUOffloadPolicy (parameter shards, gradients and the optimizer step on the CPU; each layer's
     parameters are copied in for its forward and backward); megatron: its distributed optimizer's
-    CPU offload (Adam's float32 state and step on the CPU). Needs gpusPerReplica > 0."""
+    CPU offload (Adam's float32 state and step on the CPU; such a job does not resume from its
+    checkpoints yet: the trainer refuses, and resumes with offload false). Needs gpusPerReplica > 0."""
 
 
 _CHECKPOINT_RULES = (

@@ -12,17 +12,18 @@ over DP, the global grad norm clipped, torch.optim.SGD; then gathers the TP shar
 step on the whole batch on the transformers model is the reference. Rank 0 saves {1: .., WORLD_SIZE: ..,
 "hf": ..}, per model: the logprobs, the loss, the grad norm before clipping, the HF-layout weights after
 the step, the largest difference of a replicated parameter across TP ranks before and after it, and
-(hf) the weights before it.
+(hf) the weights before it. Beside each step, spec.trainer.memory against the plain model: activation
+checkpointing of both kinds ("recompute": megatron's, torch's) and chunked log-probs ("chunking").
 
 Then the trainer backends on the tiny Llama: one step (two AdamW updates over length-sorted
 micro-batches, the tis loss) of MegatronBackend at TP=WORLD_SIZE and of FSDP2Backend over the same
-processes (data parallel), and of MegatronBackend at TP=1 (data parallel), on fsdp_step_worker's
-batch; saved under "backend": {WORLD_SIZE: .., 1: .., "fsdp2": ..} (by TP size), each the whole batch's
-loss, the metrics and the weights full_tensors yields after it. Megatron's TP=WORLD_SIZE run then writes
-its checkpoint (trainer/checkpoint.py, beside OUT_FILE; "state"), the TP=1 run loads it ("resumed":
-weights, "resumed_state"), and both take a second step ("second": weights). The Qwen2 (saved beside
-OUT_FILE) takes the one step through MegatronBackend at TP=WORLD_SIZE and FSDP2Backend too
-("backend_qwen2").
+processes (data parallel), and of MegatronBackend at TP=1 (data parallel), on fsdp_step_worker's batch,
+all with activation checkpointing and 16-token log-prob chunks; saved under "backend": {WORLD_SIZE: ..,
+1: .., "fsdp2": ..} (by TP size), each the whole batch's loss, the metrics and the weights full_tensors
+yields after it. Megatron's TP=WORLD_SIZE run then writes its checkpoint (trainer/checkpoint.py, beside
+OUT_FILE; "state"), the TP=1 run loads it ("resumed": weights, "resumed_state"), and both take a second
+step ("second": weights). The Qwen2 (saved beside OUT_FILE) takes the one step through MegatronBackend
+at TP=WORLD_SIZE and FSDP2Backend too ("backend_qwen2").
 
 Then MegatronDDPBackend (megatron's own DDP and distributed optimizer, the GPU path) on CPU through
 asyncrl_testing.cuda_on_cpu: the same step and checkpoint flow for both models ("backend_ddp",
@@ -146,9 +147,9 @@ def megatron_step(hf: Any) -> dict[str, Any]:
     # its share of the whole batch's loss, times dp: averaging the gradients over DP sums the shares
     share = parallel.dp_size() * pg_loss(own, mask[rows], advantages[rows], tokens=mask.sum())
     share.backward()
-    recompute = recompute_difference(
-        hf, arch, ids[rows], mask[rows], advantages[rows], mask.sum(), own, model
-    )
+    mine = (ids[rows], mask[rows], advantages[rows], mask.sum(), own, model)
+    recompute = {kind: recompute_difference(hf, arch, *mine, kind) for kind in ("megatron", "torch")}
+    chunking = chunking_difference(model, arch, ids)
     grads.average_data_parallel(model)
     norm = grads.clip_grad_norm(model, CLIP)
     torch.optim.SGD(model.parameters(), lr=LR).step()
@@ -165,7 +166,8 @@ def megatron_step(hf: Any) -> dict[str, Any]:
         "weights": megatron_model.hf_state(model, arch),
         "spread_before": spread_before,
         "spread_after": replicated_spread(model, group),
-        "recompute_difference": recompute,
+        "recompute": recompute,
+        "chunking": chunking,
     }
 
 
@@ -178,15 +180,23 @@ def recompute_difference(
     tokens: torch.Tensor,
     logprobs: torch.Tensor,
     plain: torch.nn.Module,
-) -> float:
-    """The same forward and backward on a GPTModel built with activation recompute
-    (spec.trainer.memory.activationCheckpointing, megatron's full uniform recompute): the largest
-    |difference| of its logprobs and of any local gradient from the plain model's (before DP averaging)."""
+    kind: megatron_model.Recompute,
+) -> dict[str, float]:
+    """The same forward and backward on a GPTModel built with activation checkpointing
+    (spec.trainer.memory.activationCheckpointing) of `kind`: megatron's full uniform recompute (the GPU
+    path, its CUDA RNG state stood in for by the CPU one) or torch's checkpoint around each layer (the
+    CPU path). "difference": the largest |difference| of its logprobs and of any local gradient from the
+    plain model's (before DP averaging); "attention_calls": how often the first layer's attention ran
+    (1 without recompute, 2 with)."""
     tp, rank = parallel.tp_size(), parallel.tp_rank()
-    model = megatron_model.build(arch, tp, recompute=True)
+    model = megatron_model.build(arch, tp, recompute=kind)
     megatron_model.load_hf(model, hf.state_dict(), arch, tp, rank)
-    assert model.config.recompute_granularity == "full"
-    with cuda_on_cpu.rng_on_cpu():
+    assert model.config.recompute_granularity == ("full" if kind == "megatron" else None)
+    calls = [0]
+    model.decoder.layers[0].self_attention.register_forward_hook(
+        lambda *_: calls.__setitem__(0, calls[0] + 1)
+    )
+    with cuda_on_cpu.rng_on_cpu() if kind == "megatron" else contextlib.nullcontext():
         own = megatron_model.token_logprobs(model, ids, arch.vocab_size)
         (parallel.dp_size() * pg_loss(own, mask, advantages, tokens=tokens)).backward()
     worst = float((own.detach() - logprobs.detach()).abs().max())
@@ -194,7 +204,46 @@ def recompute_difference(
     for name, p in model.named_parameters():
         assert p.grad is not None and theirs[name].grad is not None, name
         worst = max(worst, float((p.grad - theirs[name].grad).abs().max()))
-    return worst
+    return {"difference": worst, "attention_calls": calls[0]}
+
+
+CHUNK = 7
+"""logprobChunkTokens for chunking_difference: 64 scored tokens in 10 chunks, the last one a single token."""
+
+
+def chunking_difference(model: torch.nn.Module, arch: Any, ids: torch.Tensor) -> dict[str, Any]:
+    """spec.trainer.memory.logprobChunkTokens on megatron: the logprobs and entropy (temperature 0.7)
+    and the gradients of a loss on both, with the output layer over CHUNK tokens at a time against the
+    whole batch at once. The largest |difference| of each ("logprobs", "entropy", "grads"), the largest
+    gradient ("grad_scale"), and the most tokens the output layer projected at once in each ("rows")."""
+    rows: list[int] = []
+
+    def count(_: Any, inputs: tuple[Any, ...], out: tuple[torch.Tensor, Any]) -> None:
+        if out[0] is not inputs[0]:  # not megatron_model.hidden_states's pass-through
+            rows.append(out[0].shape[0] * out[0].shape[1])  # (s, b, V/tp)
+
+    hook = model.output_layer.register_forward_hook(count)
+    gen = torch.Generator().manual_seed(2)
+    weights = torch.randn(ids.shape[0], ids.shape[1] - 1, 2, generator=gen).to(ids.device)  # (B, T-1, 2)
+    params = [p for p in model.parameters() if p.requires_grad]
+    runs = []
+    for chunk in (0, CHUNK):
+        rows.clear()
+        logp, ent = megatron_model.token_logprobs_entropy(
+            model, ids, arch.vocab_size, temperature=0.7, entropy=True, chunk_tokens=chunk
+        )
+        assert ent is not None
+        loss = (weights[..., 0] * logp + weights[..., 1] * ent).sum()
+        runs.append((logp.detach(), ent.detach(), torch.autograd.grad(loss, params), max(rows)))
+    hook.remove()
+    (whole_logp, whole_ent, whole_grads, whole_rows), (logp, ent, chunk_grads, chunk_rows) = runs
+    return {
+        "logprobs": float((logp - whole_logp).abs().max()),
+        "entropy": float((ent - whole_ent).abs().max()),
+        "grads": max(float((a - b).abs().max()) for a, b in zip(chunk_grads, whole_grads, strict=True)),
+        "grad_scale": max(float(g.abs().max()) for g in whole_grads),
+        "rows": {0: whole_rows, CHUNK: chunk_rows},
+    }
 
 
 def hf_step(hf: Any) -> dict[str, Any]:
@@ -254,8 +303,10 @@ def backend_step(
         grad_clip=0.5,
         dtype=dtype,
         warmup_steps=4,
+        memory=fsdp.Memory(logprob_chunk_tokens=16),
     )  # 40 tokens: several micro-batches per update; clip 0.5: below the norms, so both updates clip;
-    # warmup: the step after a resume must run at the schedule's rate, not step 0's
+    # warmup: the step after a resume must run at the schedule's rate, not step 0's; memory: both
+    # backends checkpoint every layer (megatron on CPU: torch's) and project 16 tokens at a time
     if teacher:
         settings = dataclasses.replace(
             settings, objective=loss.Objective(correction="none"), kl=0.0, teacher_kl_coef=0.5

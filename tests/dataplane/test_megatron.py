@@ -1,5 +1,6 @@
 """megatron-core's GPTModel on CPU under gloo against transformers: logprobs and one training step, at TP=1
-and TP=2 (two processes), for the tiny Llama and a GQA, tied, q/k/v-biased Qwen2.
+and TP=2 (two processes), for the tiny Llama and a GQA, tied, q/k/v-biased Qwen2; activation checkpointing
+and chunked log-probs (spec.trainer.memory) against the plain model.
 
 The worker (megatron_worker.py) does the work in two fresh processes: megatron keeps its parallel state
 in module globals, and this process's default group must stay untouched for the other tests.
@@ -70,11 +71,32 @@ def test_megatron_logprobs_equal_the_hf_models(runs, name, tp):
     assert out["spread_before"] == 0.0  # the norms are bit-identical on every TP rank
 
 
+@pytest.mark.parametrize("kind", ["megatron", "torch"])
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_megatrons_activation_recompute_keeps_the_logprobs_and_gradients(runs, name, tp):
-    # spec.trainer.memory.activationCheckpointing: megatron's full uniform recompute of every layer
-    assert runs[tp][name]["recompute_difference"] <= 1e-5  # float32 rounding at most
+def test_activation_checkpointing_recomputes_each_layer_and_keeps_the_logprobs_and_gradients(
+    runs, name, tp, kind
+):
+    """spec.trainer.memory.activationCheckpointing: megatron's full uniform recompute of every layer (the
+    GPU path, rehearsed with the CUDA RNG state stood in for by the CPU one) and torch's non-reentrant
+    checkpoint around every layer (the CPU path): each layer runs again in backward, and the logprobs
+    and every local gradient are the plain model's."""
+    out = runs[tp][name]["recompute"][kind]
+    assert out["attention_calls"] == 2  # forward, and its recompute in backward
+    assert out["difference"] <= 1e-5  # float32 rounding at most
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_chunked_logprobs_project_a_chunk_at_a_time_and_keep_the_values_and_gradients(runs, name, tp):
+    """spec.trainer.memory.logprobChunkTokens: the output layer, the vocabulary-parallel log-softmax and
+    entropy over 7 tokens at a time (the tied Qwen2: through the shared embedding) give the whole
+    batch's logprobs, entropy and gradients (temperature 0.7, a random weighting of both)."""
+    out = runs[tp][name]["chunking"]
+    assert out["rows"] == {0: 4 * 16, 7: 7}  # the whole batch's 64 scored tokens at once, or 7
+    assert out["logprobs"] <= 1e-5 and out["entropy"] <= 1e-5  # float32 rounding at most
+    assert out["grads"] <= 1e-6 * out["grad_scale"]  # measured 5.7e-6 of 23 (qwen2, TP=1)
+    assert out["grad_scale"] > 0.1
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])

@@ -9,10 +9,14 @@ chunk's hidden states and its (chunk,) results, and backward recomputes one chun
 peak logits memory is one chunk's, whatever the micro-batch. The values and gradients are those of
 the plain path (tests/dataplane/test_memory.py); the cost is one more head matmul per token in
 backward. Liger's fused linear cross-entropy and verl's ``FusedLinearForPPO`` do the same.
+
+``map_chunks`` is the loop alone, for any per-chunk head: the megatron backend passes its
+vocabulary-parallel one (trainer/megatron/model.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -40,6 +44,10 @@ def _head_logprobs(
     return picked, ent
 
 
+ChunkHead = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(N, H) hidden states, (N,) targets -> (N,) logprob of each target, (N,) entropy or an empty tensor."""
+
+
 def token_logprobs(
     hidden: torch.Tensor,  # (B, T, H)
     head: Callable[[torch.Tensor], torch.Tensor],
@@ -52,22 +60,36 @@ def token_logprobs(
     """(B, T) log p(targets[b, t] | hidden[b, t]) under softmax(head(hidden) / temperature), and with
     ``entropy`` the (B, T) entropy of that distribution (else None); ``chunk_tokens`` tokens of the
     flattened B x T at a time (0: all at once, no recompute)."""
+    per_chunk = functools.partial(
+        _head_logprobs, head, temperature=temperature, entropy=entropy, softcap=softcap
+    )
+    return map_chunks(per_chunk, hidden, targets, chunk_tokens, entropy)
+
+
+def map_chunks(
+    per_chunk: ChunkHead,
+    hidden: torch.Tensor,  # (B, T, H)
+    targets: torch.Tensor,  # (B, T)
+    chunk_tokens: int,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``per_chunk`` over ``chunk_tokens`` tokens of the flattened B x T at a time, each chunk under
+    torch.utils.checkpoint while autograd records (0: all at once, no recompute): the (B, T) logprobs
+    and, with ``entropy``, the (B, T) entropy (else None)."""
     b, t, h = hidden.shape
     flat = hidden.reshape(b * t, h)  # (B*T, H)
     flat_targets = targets.reshape(b * t)  # (B*T,)
     if chunk_tokens <= 0 or chunk_tokens >= b * t:
-        picked, ent = _head_logprobs(head, flat, flat_targets, temperature, entropy, softcap)
+        picked, ent = per_chunk(flat, flat_targets)
     else:
         parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for start in range(0, b * t, chunk_tokens):
             h_chunk = flat[start : start + chunk_tokens]  # (N, H)
             t_chunk = flat_targets[start : start + chunk_tokens]  # (N,)
             if torch.is_grad_enabled():
-                out = torch.utils.checkpoint.checkpoint(
-                    _head_logprobs, head, h_chunk, t_chunk, temperature, entropy, softcap, use_reentrant=False
-                )
+                out = torch.utils.checkpoint.checkpoint(per_chunk, h_chunk, t_chunk, use_reentrant=False)
             else:
-                out = _head_logprobs(head, h_chunk, t_chunk, temperature, entropy, softcap)
+                out = per_chunk(h_chunk, t_chunk)
             parts.append(out)
         picked = torch.cat([p for p, _ in parts])  # (B*T,)
         ent = torch.cat([e for _, e in parts])  # (B*T,) or (0,)

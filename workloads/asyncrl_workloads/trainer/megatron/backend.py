@@ -8,8 +8,12 @@ unchanged - advantages, mini-batches, length-sorted micro-batches, proximal logp
 (loss.policy_objective, the teacher term, the reference's KL), the metrics, skip-on-non-finite, the
 warmup schedule - and replaces what touches the model:
   - the forward: model.token_logprobs_entropy (vocabulary-parallel, float32 log_softmax(logits /
-    temperature), and the entropy reduced over TP when entropyCoef asks for it); the reference policy
+    temperature), and the entropy reduced over TP when entropyCoef asks for it), the output layer over
+    spec.trainer.memory.logprobChunkTokens tokens at a time; the reference policy
     (spec.trainer.algorithm.kl > 0) is a second GPTModel loaded from the same weights, frozen;
+  - activation checkpointing (spec.trainer.memory.activationCheckpointing): megatron's recompute on
+    CUDA, torch's checkpoint around each layer on CPU (model.recompute_for); packing is refused at
+    admission (asyncrl_api/roles.py), offload is MegatronDDPBackend's (GPU only, as admission requires);
   - the shard of each micro-batch: data-parallel rank dp_rank::dp_size (TP ranks of one replica see the
     same rows), micro-batches sized per data-parallel rank;
   - backward and update: each DP rank's share times dp, gradients averaged over the DP group
@@ -91,8 +95,9 @@ class MegatronBackend(backend.FSDP2Backend):
         self.sync_dtype = precision.engine_dtype(settings.dtype, settings.rollout_gpus, model_dtype)
         hf = read_weights(settings.model_path)
         parallel.initialize(tp=settings.tp, seed=settings.seed)
-        # activation recompute on GPU only: megatron's checkpoint function saves the CUDA RNG state
-        recompute = settings.memory.activation_checkpointing and world.device.type == "cuda"
+        recompute = (
+            megatron_model.recompute_for(world.device) if settings.memory.activation_checkpointing else None
+        )
         self.model = megatron_model.build(
             self.arch, settings.tp, self._param_dtype(), recompute=recompute
         ).to(world.device)
@@ -139,7 +144,12 @@ class MegatronBackend(backend.FSDP2Backend):
         padded = [s + [0] * (longest - len(s)) for s in seqs]
         input_ids = torch.tensor(padded, device=self.world.device)  # (B, L), right-padded with 0
         token_logp, token_entropy = megatron_model.token_logprobs_entropy(
-            module, input_ids, self.arch.vocab_size, self.settings.temperature, entropy
+            module,
+            input_ids,
+            self.arch.vocab_size,
+            self.settings.temperature,
+            entropy,
+            self.settings.memory.logprob_chunk_tokens,
         )  # (B, L-1) each; right padding never reaches a real token (causal attention)
         if token_entropy is None:
             return backend.response_logprobs(token_logp.float(), trajs), None

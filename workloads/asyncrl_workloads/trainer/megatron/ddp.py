@@ -20,6 +20,8 @@ What it changes from MegatronBackend (whose step, forward, shards and weight syn
     then gathered over TP and converted (megatron_model.gather_hf); loading slices them again. So a
     checkpoint moves between this path and the CPU path, and between TP/DP sizes, both ways.
     megatron's own dist_checkpointing is the way for models one node cannot gather (docs/megatron.md).
+    With spec.trainer.memory.offload a checkpoint is written but resuming from it is refused (load_state
+    says why).
 
 It reads two of the DistributedOptimizer's attributes that are not in its public API (megatron-core
 0.16.1, optimizer/distrib_optimizer.py): `gbuf_ranges` (which slice of which parameter this DP rank owns,
@@ -49,6 +51,7 @@ with parallel.quiet_imports():
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
     from megatron.core.transformer.module import Float16Module
 
 _MOMENTS = megatron_backend._MOMENTS
@@ -176,7 +179,19 @@ class MegatronDDPBackend(megatron_backend.MegatronBackend):
     def load_state(self, state: dict[str, Any]) -> None:
         """A checkpoint of either megatron path, whatever TP and DP wrote it: the model's weights (in
         its dtype), then each owned slice of the float32 main weights and of the moments, and Adam's
-        step. An FSDP2 float16 loss scale ("scaler") is another scaler's: megatron's starts afresh."""
+        step. An FSDP2 float16 loss scale ("scaler") is another scaler's: megatron's starts afresh.
+
+        Not with spec.trainer.memory.offload: megatron's HybridDeviceOptimizer steps CPU copies of the
+        main weights with CPU AdamWs that hold the moments, none of which this writes (it writes the GPU
+        main weights and HybridDeviceOptimizer's own state, which its next step overwrites): the resumed
+        job would train on from the initial weights with fresh moments. Refused instead of that; the
+        checkpoint is in HF layout, so the job resumes with offload off."""
+        if isinstance(self.optimizer, HybridDeviceOptimizer):
+            raise backend.Unsupported(
+                "spec.trainer.memory.offload: a megatron job with offload cannot resume from its checkpoint"
+                " yet (the CPU-offloaded optimizer's weights and moments are not reloaded); set offload"
+                " false to resume from it"
+            )
         tp, rank = self.settings.tp, parallel.tp_rank()
         local = {"param": convert.to_megatron(state["model"], self.arch, tp, rank)}
         megatron_model.load_local(self.model, local["param"])  # the model's own (compute-dtype) copy

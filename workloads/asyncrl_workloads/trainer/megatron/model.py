@@ -5,6 +5,21 @@ one tensor-parallel rank's GPTModel from an Architecture (architecture.from_hf),
 weights in it (convert.to_megatron), `hf_state` gathers them back (convert.to_hf), `token_logprobs` is
 the per-token log-probability the losses use (vocabulary-parallel).
 
+spec.trainer.memory, where the model is built and called:
+  - activation checkpointing (`build`'s `recompute`): on GPU megatron's own full uniform recompute of
+    every layer ("megatron": its tensor_parallel.checkpoint saves and restores the CUDA RNG state and
+    megatron's RNG tracker); on CPU, where there is no CUDA RNG state to save, each TransformerLayer's
+    forward under torch.utils.checkpoint, non-reentrant ("torch": fsdp.checkpoint_forward, the FSDP2
+    backend's wrapper, which saves the CPU RNG state). Both keep each layer's input only and recompute
+    the layer in backward. megatron-core 0.16.1 has no recompute that runs without CUDA: full
+    (tensor_parallel.CheckpointFunction), selective (CheckpointWithoutOutput) and Transformer Engine's
+    all save the CUDA RNG state (tensor_parallel/random.py `_get_all_rng_states`).
+  - chunked log-probs (`token_logprobs_entropy`'s `chunk_tokens`): GPTModel's forward up to its final
+    norm (`hidden_states`: the output layer stood aside for the call), then megatron's output layer,
+    the vocabulary-parallel log-softmax and entropy over `chunk_tokens` tokens at a time, each chunk
+    recomputed in backward (trainer/chunked.py's map_chunks, the FSDP2 backend's loop): a micro-batch
+    never holds [tokens x vocabulary / tp] logits, one chunk does.
+
 On GPU (`torch.cuda.is_available()`) the model is megatron's own: the local layer spec with its
 DotProductAttention and RotaryEmbedding. On CPU two of its modules allocate on CUDA, so two narrow
 adapters stand in, each a subclass installed on this model only (no megatron module is patched):
@@ -24,12 +39,15 @@ parallel.py), float32 parameters unless `dtype` says otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import contextlib
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from asyncrl_workloads.trainer import chunked, fsdp
 from asyncrl_workloads.trainer.megatron import architecture, convert, parallel
 
 with parallel.quiet_imports():
@@ -39,6 +57,8 @@ with parallel.quiet_imports():
     from megatron.core.transformer import dot_product_attention, spec_utils, transformer_config
 
 Arch = architecture.Architecture
+Recompute = Literal["megatron", "torch"]
+"""Activation checkpointing's implementation (module doc): megatron's own (GPU) or torch's (CPU)."""
 
 
 class SdpaAttention(dot_product_attention.DotProductAttention):  # type: ignore[misc]  # untyped base
@@ -131,13 +151,14 @@ def build(
     tp: int = 1,
     dtype: torch.dtype = torch.float32,
     vocab_multiple: int = 128,
-    recompute: bool = False,
+    recompute: Recompute | None = None,
 ) -> Any:
     """This rank's GPTModel (parallel.initialize first). Its logits are this rank's slice of the
     vocabulary padded to arch.padded_vocab_size; token_logprobs reduces over TP and masks the padding.
-    ``recompute``: activation checkpointing (config_for)."""
+    ``recompute``: activation checkpointing, megatron's (config_for) or torch's around each layer
+    (module doc); None: none."""
     arch.check_tp(tp)
-    config = config_for(arch, tp, dtype, recompute)
+    config = config_for(arch, tp, dtype, recompute == "megatron")
     model = gpt_model.GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(),
@@ -156,7 +177,15 @@ def build(
             use_cpu_initialization=True,
             cp_group=model.rotary_pos_emb.cp_group,
         )
+    if recompute == "torch":
+        for layer in model.decoder.layers:
+            fsdp.checkpoint_forward(layer)
     return model
+
+
+def recompute_for(device: torch.device) -> Recompute:
+    """Which activation checkpointing `build` applies on ``device`` (module doc)."""
+    return "megatron" if device.type == "cuda" else "torch"
 
 
 def load_hf(
@@ -202,10 +231,14 @@ def gather_hf(local: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torch.
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, vocab_size: int, temperature: float = 1.0
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    vocab_size: int,
+    temperature: float = 1.0,
+    chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """token_logprobs_entropy's logprobs alone."""
-    logp, _ = token_logprobs_entropy(model, input_ids, vocab_size, temperature)
+    logp, _ = token_logprobs_entropy(model, input_ids, vocab_size, temperature, chunk_tokens=chunk_tokens)
     return logp
 
 
@@ -215,10 +248,14 @@ def token_logprobs_entropy(
     vocab_size: int,
     temperature: float = 1.0,
     entropy: bool = False,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, T) right-padded ids -> (B, T-1): log p(input_ids[:, t+1] | input_ids[:, :t+1]) under
     log_softmax(logits / temperature) in float32, as the FSDP2 backend computes it, with autograd; with
-    `entropy` also the (B, T-1) entropy of that distribution (else None).
+    `entropy` also the (B, T-1) entropy of that distribution (else None). ``model``: the GPTModel or a
+    wrapper of it (megatron's DistributedDataParallel, Float16Module). ``chunk_tokens``:
+    spec.trainer.memory.logprobChunkTokens, the output layer and what follows it over that many tokens
+    at a time (trainer/chunked.py map_chunks; 0: the whole batch at once); the same values either way.
 
     The logits stay split over the vocabulary (parallel_output): gathering them would allocate on CUDA
     (tensor_parallel/mappings.py:91) and cost V/tp times the memory; megatron's
@@ -226,32 +263,81 @@ def token_logprobs_entropy(
     H = log Z - sum_v p_v s_v is reduced the same way (max, sum of exp and sum of exp * s over TP, the
     sums through reduce_from_tensor_model_parallel_region so gradients flow). Padded vocabulary columns
     (convert._pad_vocab) are masked to -inf first, so they take no probability."""
+    gpt = _gpt(model)
+    states = hidden_states(model, input_ids)[:, :-1]  # (B, T-1, H)
+    per_chunk = functools.partial(
+        _chunk_logprobs, gpt, vocab_size=vocab_size, temperature=temperature, entropy=entropy
+    )
+    return chunked.map_chunks(per_chunk, states, input_ids[:, 1:], chunk_tokens, entropy)
+
+
+def hidden_states(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) ids -> (B, T, H): GPTModel's final hidden states (after its final norm), through
+    ``model``'s own forward (wrappers included) with the output layer returning its input for the call.
+    Under Float16Module they come back in float32 (its output cast); _chunk_logprobs casts them back."""
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    local = model(input_ids=input_ids, position_ids=positions, attention_mask=None)  # (B, T, V'/tp)
-    scores = local[:, :-1].float() / temperature  # (B, T-1, V'/tp)
+    with _output_layer_passes_through(_gpt(model)):
+        out: torch.Tensor = model(input_ids=input_ids, position_ids=positions, attention_mask=None)
+    return out  # GPTModel transposes its "logits" (s, b, h) to (b, s, h)
+
+
+@contextlib.contextmanager
+def _output_layer_passes_through(gpt: Any) -> Iterator[None]:
+    """GPTModel._postprocess calls ``output_layer(hidden, weight=..., runtime_gather_output=...)`` and
+    returns ``logits.transpose(0, 1)``: with the layer's forward set on the instance to return
+    ``(hidden, None)``, the model returns its hidden states. The class's forward is back on exit."""
+    gpt.output_layer.forward = lambda hidden, *_, **__: (hidden, None)
+    try:
+        yield
+    finally:
+        del gpt.output_layer.forward
+
+
+def _gpt(model: torch.nn.Module) -> Any:
+    """The GPTModel inside megatron's wrappers (DistributedDataParallel, Float16Module: `.module`)."""
+    inner: Any = model
+    while not isinstance(inner, gpt_model.GPTModel):
+        inner = inner.module
+    return inner
+
+
+def _chunk_logprobs(
+    gpt: Any,
+    hidden: torch.Tensor,  # (N, H)
+    targets: torch.Tensor,  # (N,)
+    vocab_size: int,
+    temperature: float,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk (chunked.ChunkHead): (N,) logprob of each target, (N,) entropy (empty without
+    ``entropy``), through megatron's output layer (the shared embedding when tied, as _postprocess)."""
+    weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+    dtype = (gpt.output_layer.weight if weight is None else weight).dtype
+    local, _ = gpt.output_layer(hidden.to(dtype)[:, None], weight=weight)  # (N, 1, V'/tp): megatron's (s, b)
+    scores = local[:, 0].float() / temperature  # (N, V'/tp)
     width = scores.shape[-1]
     first = parallel.tp_rank() * width  # global id of this rank's first vocabulary column
     padding = torch.arange(first, first + width, device=scores.device) >= vocab_size  # (V'/tp,)
     scores = scores.masked_fill(padding, float("-inf"))
-    token_entropy = _vocab_parallel_entropy(scores, padding) if entropy else None
+    token_entropy = _vocab_parallel_entropy(scores, padding) if entropy else scores.new_zeros(0)
     # vocab_parallel_cross_entropy subtracts the max from its input in place: give it its own copy when
     # the entropy's graph holds on to scores
     nll: torch.Tensor = tensor_parallel.vocab_parallel_cross_entropy(
-        scores.clone() if entropy else scores, input_ids[:, 1:]
-    )  # (B, T-1)
+        scores.clone() if entropy else scores, targets
+    )  # (N,)
     return -nll, token_entropy
 
 
 def _vocab_parallel_entropy(scores: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
-    """(B, T, V'/tp) this rank's scores (padding columns -inf) -> (B, T) entropy over the whole vocabulary."""
-    peak = scores.detach().max(-1, keepdim=True).values  # (B, T, 1): a constant shift, no gradient
+    """(N, V'/tp) this rank's scores (padding columns -inf) -> (N,) entropy over the whole vocabulary."""
+    peak = scores.detach().max(-1, keepdim=True).values  # (N, 1): a constant shift, no gradient
     if parallel.tp_size() > 1:
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX, group=parallel.tp_group())
-    shifted = scores - peak  # (B, T, V'/tp)
+    shifted = scores - peak  # (N, V'/tp)
     exp = torch.exp(shifted)  # padding columns: 0
     finite = shifted.masked_fill(padding, 0.0)  # 0 * -inf would be nan
     reduce = tensor_parallel.mappings.reduce_from_tensor_model_parallel_region
-    sum_exp = reduce(exp.sum(-1), parallel.tp_group())  # (B, T)
-    sum_exp_s = reduce((exp * finite).sum(-1), parallel.tp_group())  # (B, T)
+    sum_exp = reduce(exp.sum(-1), parallel.tp_group())  # (N,)
+    sum_exp_s = reduce((exp * finite).sum(-1), parallel.tp_group())  # (N,)
     out: torch.Tensor = torch.log(sum_exp) - sum_exp_s / sum_exp
     return out

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from asyncrl_api import models
+from asyncrl_api import lora, models
 from asyncrl_testing import migration as m
 from asyncrl_testing import migration_areal as ma
 from asyncrl_testing import migration_verl as mv
@@ -21,6 +21,7 @@ from asyncrl_workloads import cli
 from asyncrl_workloads.importer import translate
 
 _GRPO, _ALGOS, _MATH = mv.VERL_GRPO_ONE_STEP_OFF, mv.VERL_ALGORITHMS, ma.AREAL_MATH
+_ALL_LINEAR = lora.ALL_MODULES
 _VERL_ALGO = {"policyLoss": "ppo", "clipLow": 0.2, "clipHigh": 0.2, "clipRatioC": 3.0, "correction": "none"}
 _AREAL_ALGO = {
     "name": "grpo",
@@ -49,6 +50,8 @@ class Case:
     """The job's spec.trainer.algorithm (None: absent, asyncrl's defaults)."""
     refused: str | None = None
     """The key the import refuses (exit 2, no job written)."""
+    lora: dict[str, Any] | None = None
+    """The job's spec.trainer.lora (None: full fine-tuning)."""
     options: tuple[str, ...] = ("--reward", "my_reward:score")
 
 
@@ -103,9 +106,9 @@ CASES = {
          "clipLow": 1.0, "clipHigh": 0.2, "correction": "none"},
     ),
     "verl_grpo_lora": Case(
-        "verl", mv.VERL_ONE_STEP_OFF_CONFIG, _GRPO + _ALGOS["grpo_lora"],
-        35, 18, 2,
-        refused="actor_rollout_ref.model.lora_rank",
+        "verl", mv.VERL_ONE_STEP_OFF_CONFIG, _GRPO + _ALGOS["grpo_lora"], 37, 16, 0,
+        {**_VERL_ALGO, "name": "grpo", "kl": 0.001, "klPlacement": "loss", "klEstimator": "k3"},
+        lora={"rank": 64, "alpha": 32, "targetModules": list(_ALL_LINEAR)},  # verl's all-linear default
     ),
     "verl_defaults": Case(
         "verl", mv.VERL_DEFAULTS, [], 36, 1, 0,
@@ -136,7 +139,8 @@ CASES = {
          "kl": 0.0, "correction": "decoupled", "isCap": 5.0},
     ),
     "areal_gsm8k_grpo_lora": Case(
-        "areal", ma.AREAL_GSM8K_GRPO, _MATH["gsm8k_grpo_lora"], 68, 75, 2, refused="actor.use_lora"
+        "areal", ma.AREAL_GSM8K_GRPO, _MATH["gsm8k_grpo_lora"], 79, 64, 0, _AREAL_ALGO,
+        lora={"rank": 16, "alpha": 16, "targetModules": list(_ALL_LINEAR)},
     ),
     "areal_gsm8k_reinforce_baseline": Case(
         "areal", ma.AREAL_GSM8K_GRPO, _MATH["gsm8k_reinforce_baseline"], 63, 70, 2,
@@ -204,22 +208,24 @@ def test_an_anchor_config_imports_with_its_algorithm_or_is_refused_by_name(
     algorithm = job["spec"].get("trainer", {}).get("algorithm")
     expected = {k: v for k, v in case.algorithm.items() if v is not None} if case.algorithm else None
     assert algorithm == expected
+    assert job["spec"].get("trainer", {}).get("lora") == case.lora
     if case.exit == 0:
         parsed = models.AsyncRLJob.model_validate({**job, "metadata": {**job["metadata"], "namespace": "x"}})
         assert parsed.spec.trainer.algorithm.name == (expected or {}).get("name", "grpo")
         assert cli.main(["render", str(out)]) == 0
 
 
-def test_the_seven_areal_algorithm_examples_give_seven_different_algorithms_or_refusals() -> None:
+def test_the_seven_areal_algorithm_examples_give_seven_different_trainings_or_refusals() -> None:
     names = ("gsm8k_grpo", "gsm8k_drgrpo", "gsm8k_rloo", "gsm8k_gspo", "gsm8k_reinforce", "gsm8k_ppo",
              "gsm8k_grpo_lora")  # fmt: skip
     outcomes = []
     for name in names:
         result = _result(CASES[f"areal_{name}"])
-        algorithm = result.job["spec"]["trainer"].get("algorithm")
-        outcomes.append(f"refused {result.refused[0][0]}" if result.refused else yaml.safe_dump(algorithm))
+        trainer = result.job["spec"]["trainer"]
+        training = {k: trainer[k] for k in ("algorithm", "lora") if k in trainer}
+        outcomes.append(f"refused {result.refused[0][0]}" if result.refused else yaml.safe_dump(training))
     assert len(set(outcomes)) == 7, outcomes
-    assert "name: gae" in outcomes[5] and outcomes[6] == "refused actor.use_lora"
+    assert "name: gae" in outcomes[5] and "rank: 16" in outcomes[6]  # gsm8k_grpo_lora: GRPO on LoRA
 
 
 def test_verl_generated_default_config_imports_as_ppo_with_a_critic() -> None:

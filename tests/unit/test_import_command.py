@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from asyncrl_api import lora
 from asyncrl_operator import admission, crdgen
 from asyncrl_testing import migration, migration_areal
 from asyncrl_workloads import cli
@@ -189,7 +190,12 @@ def test_verl_algorithm_keys_map_by_value(overrides: list[str], algorithm: dict[
          f"{ACTOR}kl_loss_type", "straight-through"),
         ([f"+{ACTOR}use_kl_loss=true", "+algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward",
          "one placement"),
-        (["+actor_rollout_ref.model.lora_rank=32"], "actor_rollout_ref.model.lora_rank", "train all weights"),
+        (["+actor_rollout_ref.model.lora_rank=1024"], "actor_rollout_ref.model.lora_rank", "1 to 512"),
+        (["+actor_rollout_ref.model.lora_rank=8", "+actor_rollout_ref.model.target_modules=[embed_tokens]"],
+         "actor_rollout_ref.model.target_modules", "only the decoder projections"),
+        (["+actor_rollout_ref.model.lora.rank=16"], "actor_rollout_ref.model.lora.rank", "Megatron-Bridge"),
+        (["+actor_rollout_ref.model.lora_rank=8", f"+{ACTOR}strategy=megatron"],
+         "actor_rollout_ref.model.lora_rank", "fsdp2 only"),
         ([f"+{RC}rollout_is=token"], f"{RC}rollout_is", "bypass_mode the PPO ratio is taken against"),
         ([f"{RC}bypass_mode=false", f"+{RC}rollout_is=sequence"], f"{RC}rollout_is", "product of the token"),
         ([f"{RC}bypass_mode=false", f"+{RC}rollout_rs=token_k3", f"+{RC}rollout_rs_threshold=0.1"],
@@ -205,6 +211,39 @@ def test_verl_algorithms_asyncrl_cannot_train_are_refused_by_name(
     refused = dict(caught.value.result.refused)
     assert key in refused and why in refused[key], refused
     assert f"  {key}: " in str(caught.value) and "mapped (" in str(caught.value)  # the key, then the table
+
+
+MODEL = "actor_rollout_ref.model."
+
+
+@pytest.mark.parametrize(
+    ("overrides", "lora"),
+    [
+        ([f"+{MODEL}lora_rank=32", f"+{MODEL}lora_alpha=64", f"+{MODEL}target_modules=all-linear"],
+         {"rank": 32, "alpha": 64, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                     "up_proj", "down_proj"]}),
+        ([f"+{MODEL}lora_rank=8", f"+{MODEL}target_modules=[q_proj,v_proj,o_proj]",
+          f"+{MODEL}exclude_modules=[o_proj]"],
+         {"rank": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj"]}),  # verl's lora_alpha default 16
+        ([f"+{MODEL}lora_rank=0", f"+{MODEL}lora_alpha=64"], None),  # rank 0: full fine-tuning
+    ],
+)  # fmt: skip
+def test_verl_lora_becomes_trainer_lora_on_a_gpu_job(
+    overrides: list[str], lora: dict[str, Any] | None
+) -> None:
+    """model.lora_rank > 0: peft LoRA on the FSDP policy, spec.trainer.lora (the NCCL sync carries the
+    adapter); all-linear is the decoder's seven projections; use_shm and layered_summon are not mapped."""
+    config = yaml.safe_load(migration.VERL_FULLY_ASYNC_AGENT)
+    extra = [f"+{MODEL}use_shm=false", "+actor_rollout_ref.rollout.layered_summon=true"]
+    result = translate.translate("verl", config, env={"DATA_ROOT": "/d"}, overrides=[*overrides, *extra])
+    _admitted(result.job)
+    trainer = result.job["spec"]["trainer"]
+    assert trainer.get("lora") == lora
+    assert (trainer["backend"], result.job["spec"]["weightSync"]) == ("fsdp2", {"backend": "nccl"})
+    rows = {row.source: row for row in result.rows}
+    assert rows[f"{MODEL}lora_rank"].target == ("trainer.lora" if lora else "")
+    assert rows[f"{MODEL}use_shm"].target is None and "/dev/shm" in rows[f"{MODEL}use_shm"].note
+    assert rows["actor_rollout_ref.rollout.layered_summon"].target is None
 
 
 @pytest.mark.parametrize("estimator", [["algorithm.adv_estimator=gae"], ["~algorithm.adv_estimator"]])
@@ -536,6 +575,11 @@ def test_areal_algorithm_keys_map_by_value(overrides: list[str], algorithm: dict
         (["+actor.use_sapo_loss=true", "+actor.c_clip=3.0"], "actor.c_clip", "dual-clip with sapo"),
         (["+actor.overlong_reward_penalty=true", "+actor.overlong_tokens=256", "actor.max_new_tokens=512"],
          "actor.max_new_tokens", "penalty zone"),
+        (["+actor.use_lora=true", "+actor.peft_type=ia3"], "actor.peft_type", "LoRA adapters only"),
+        (["+actor.use_lora=true", "+actor.lora_rank=0"], "actor.lora_rank", "1 to 512"),
+        (["+actor.use_lora=true", "+actor.target_modules=[q_proj,lm_head]"], "actor.target_modules",
+         "lm_head"),
+        (["+actor.use_lora=true", "actor.backend=megatron:d4"], "actor.use_lora", "fsdp2 only"),
     ],
 )  # fmt: skip
 def test_areal_algorithms_asyncrl_cannot_train_are_refused_by_name(
@@ -546,6 +590,21 @@ def test_areal_algorithms_asyncrl_cannot_train_are_refused_by_name(
         translate.translate("areal", config, overrides=overrides, reward="my_reward:score")
     refused = dict(caught.value.result.refused)
     assert key in refused and why in refused[key], refused
+
+
+def test_areal_lora_becomes_trainer_lora_with_the_actors_learning_rate() -> None:
+    """actor.use_lora with AReaL's defaults (rank 32, alpha 16, no target_modules: all linear layers); the
+    rollout's use_lora / enable_lora / max_lora_rank / lora_name are the same adapter, served by asyncrl."""
+    config = yaml.safe_load(migration_areal.AREAL_GSM8K_GRPO)
+    overrides = ["+actor.use_lora=true", "+rollout.use_lora=true", "+vllm.enable_lora=true",
+                 "+vllm.max_lora_rank=32", "+gconfig.lora_name=gsm8k", "actor.optimizer.lr=1e-4"]  # fmt: skip
+    result = translate.translate("areal", config, overrides=overrides, reward="my_reward:score")
+    _admitted(result.job)
+    trainer = result.job["spec"]["trainer"]
+    assert trainer["lora"] == {"rank": 32, "alpha": 16, "targetModules": list(lora.ALL_MODULES)}
+    assert trainer["optimizer"]["lr"] == 1e-4
+    rows = {row.source: row for row in result.rows}
+    assert all(rows[k].target == "trainer.lora" for k in ("rollout.use_lora", "vllm.max_lora_rank"))
 
 
 def test_areal_allocations_parse_the_hybrid_moe_and_archon_forms() -> None:

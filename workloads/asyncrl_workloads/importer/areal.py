@@ -183,7 +183,12 @@ _ADV = part(alg.advantage)
 _LOSS = part(alg.loss)
 _CORRECTION = part(alg.correction)
 _OVERLONG = part(alg.overlong)
-_LORA = part(alg.lora, note="LoRA off: full fine-tuning")
+_LORA = part(alg.lora, unset="LoRA off (actor.use_lora false): full fine-tuning")
+_LORA_SERVED = part(
+    alg.lora,
+    note="the rollout serves trainer.lora's adapter (max_lora_rank from its rank, named by asyncrl)",
+    unset="LoRA off (actor.use_lora false): full fine-tuning",
+)
 
 TABLE: Table = {
     "experiment_name": Implied("metadata.name (unless --name)"),
@@ -220,7 +225,7 @@ TABLE: Table = {
     "rollout.max_head_offpolicyness": To(
         "async.maxStaleness", _staleness, "versions in both; 0 is mode sync"
     ),
-    "rollout.use_lora": _LORA,
+    "rollout.use_lora": _LORA_SERVED,
     "rollout.agent.mode": To(
         "agent.loop", lambda v, c: "gateway", "the agent drives the policy over the OpenAI-compatible gateway"
     ),
@@ -241,7 +246,7 @@ TABLE: Table = {
     "gconfig.top_p": To("rollout.sampling.topP"),
     "gconfig.greedy": To("", only(False, "greedy training samples: set rollout.sampling.temperature 0")),
     "gconfig.min_new_tokens": To("", only(0, "no minimum response length in asyncrl")),
-    "gconfig.lora_name": _LORA,
+    "gconfig.lora_name": _LORA_SERVED,
     "gconfig.*": Gone("sampling knob with no asyncrl field"),
     "eval_gconfig.n_samples": To(
         "data.validationSampling.samplesPerPrompt", _eval_sampling, "k of mean@k, pass@k"
@@ -329,13 +334,13 @@ TABLE: Table = {
     "teacher.*": Gone("AReaL's teacher engine: spec.teacher takes a vLLM endpoint serving the teacher"),
     "vllm.max_model_len": To("rollout.engine.maxModelLen", positive),
     "vllm.gpu_memory_utilization": To("rollout.engine.gpuMemoryUtilization"),
-    "vllm.enable_lora": _LORA,
-    "vllm.max_lora_rank": _LORA,
+    "vllm.enable_lora": _LORA_SERVED,
+    "vllm.max_lora_rank": _LORA_SERVED,
     "vllm.*": Implied("set by asyncrl from the model and rollout.engine"),
     "sglang.context_length": To("rollout.engine.maxModelLen", positive),
     "sglang.mem_fraction_static": To("rollout.engine.gpuMemoryUtilization"),
-    "sglang.enable_lora": _LORA,
-    "sglang.max_lora_rank": _LORA,
+    "sglang.enable_lora": _LORA_SERVED,
+    "sglang.max_lora_rank": _LORA_SERVED,
     "sglang.*": Gone("SGLang server argument: asyncrl runs vLLM (rollout.engine.args)"),
     "train_dataset.path": To("data.prompts", one_path, "parquet, JSONL, JSON or a datasets folder, by path"),
     "train_dataset.batch_size": To("trainer.batch.prompts", positive),

@@ -10,13 +10,15 @@ gae_lambda); then adv_norm (batch whitening). asyncrl's estimators are named fun
 steps, so the mapping is by value: reward_norm group -> grpo / rloo with adv_norm as advantageNorm; no
 reward_norm with adv_norm batch -> reinforce++ (per-token returns, whitened; the whitening removes the
 score's scale, so kl_ctl / reward_scaling is the same objective). What has no asyncrl equivalent (a
-critic, LoRA, M2PO, group std with leave-one-out, KL per token beside a group baseline) is refused.
+critic, M2PO, group std with leave-one-out, KL per token beside a group baseline) is refused; LoRA
+is spec.trainer.lora.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from asyncrl_workloads.importer import rules
 from asyncrl_workloads.importer.rules import Context, Derived, refused
 
 A = "trainer.algorithm."
@@ -377,16 +379,42 @@ def dynamic_sampling(ctx: Context) -> Derived:
     )
 
 
+def _trains_with_megatron(ctx: Context) -> bool:
+    backend = str(ctx.get("actor.backend") or str(ctx.get("allocation_mode", "")).rpartition("+")[2])
+    return backend.startswith("megatron")
+
+
 def lora(ctx: Context) -> Derived:
-    if ctx.get("actor.use_lora", False) is True:
+    """actor.use_lora, lora_rank (AReaL's default 32), lora_alpha (16), target_modules (empty or
+    [all-linear]: all linear layers), peft_type (lora only); the rollout's use_lora, enable_lora,
+    max_lora_rank and gconfig.lora_name follow (asyncrl sets them from trainer.lora)."""
+    if ctx.get("actor.use_lora", False) is not True:
+        return Derived()
+    peft = ctx.get("actor.peft_type", "lora")
+    if peft != "lora":
+        return refused("actor.peft_type", f"{peft!r}: asyncrl trains LoRA adapters only (peft_type lora)")
+    if _trains_with_megatron(ctx):
         return refused(
             "actor.use_lora",
-            f"LoRA (rank {ctx.get('actor.lora_rank', '?')}) on GPUs: asyncrl's trainer.lora needs"
-            " weightSync.backend gloo (CPU jobs); the NCCL weight sync does not carry adapters yet, so the"
-            f" job would train all weights at the LoRA learning rate ({ctx.get('actor.optimizer.lr', '?')});"
-            " set actor.use_lora=false to import a full fine-tuning job",
+            "LoRA with a megatron actor: asyncrl's trainer.lora is built on backend fsdp2 only (admission"
+            " refuses it with megatron); use actor.backend fsdp",
         )
-    return Derived()
+    rank, alpha = ctx.get("actor.lora_rank", 32), ctx.get("actor.lora_alpha", 16)
+    if (bad := rules.lora_bounds("actor.lora_rank", rank, alpha)) is not None:
+        return bad
+    targets = ctx.get("actor.target_modules", [])
+    try:
+        modules = rules.lora_modules(targets)
+    except rules.Skip as exc:
+        return refused("actor.target_modules", f"{exc}; the job would adapt other layers")
+    notes = [
+        f"LoRA rank {rank}, alpha {alpha} on {', '.join(modules)}: trainer.lora (peft on fsdp2; the weight"
+        " sync sends the adapter alone, vLLM serves it with max_lora_rank from the rank);"
+        " actor.optimizer.lr is the adapters' learning rate"
+    ]
+    if not targets or targets == ["all-linear"]:
+        notes.append(rules.LORA_ALL_LINEAR)
+    return Derived({"trainer.lora": {"rank": rank, "alpha": alpha, "targetModules": modules}}, notes)
 
 
 ASPECTS = (advantage, loss, correction, overlong, dynamic_sampling, lora)

@@ -30,6 +30,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from asyncrl_api import lora
+
 from asyncrl_workloads.importer import hub
 
 
@@ -157,9 +159,10 @@ ALGORITHM = "trainer.algorithm"
 """The target of every aspect's rule (the fields it writes are the aspect's)."""
 
 
-def part(aspect: Aspect, *fields: str, note: str = "") -> To:
+def part(aspect: Aspect, *fields: str, note: str = "", unset: str = "") -> To:
     """The rule of every key an aspect reads: it writes the aspect's fields (those named, when some are:
-    ``part(estimator, "gamma")``) or refuses, naming the key."""
+    ``part(estimator, "gamma")``) or refuses, naming the key; ``unset`` is the row's note when the aspect
+    writes nothing (``LoRA off``)."""
 
     def convert(value: Any, ctx: Context) -> Many:
         derived = ctx.derive(aspect)
@@ -167,7 +170,8 @@ def part(aspect: Aspect, *fields: str, note: str = "") -> To:
             key, why = derived.refused
             raise Refuse(why, key)
         wanted = tuple(f"{ALGORITHM}.{f}" for f in fields)
-        return Many({k: v for k, v in derived.fields.items() if not wanted or k in wanted})
+        values = {k: v for k, v in derived.fields.items() if not wanted or k in wanted}
+        return Many(values, "" if values else unset)
 
     return To(ALGORITHM, convert, note)
 
@@ -241,3 +245,37 @@ def choice(mapping: Mapping[Any, Any], reason: str) -> Convert:
         return mapping[value]
 
     return pick
+
+
+LORA_ALL_LINEAR = (
+    "all-linear: peft adapts every linear layer but the LM head, on a Llama/Qwen-style decoder its seven"
+    " projections (targetModules' default)"
+)
+
+
+def lora_modules(value: Any, exclude: Any = None) -> list[str]:
+    """peft's ``target_modules`` (a list of module names, or ``"all-linear"`` alone or as the only item)
+    less ``exclude_modules``, as spec.trainer.lora.targetModules; Skip names what asyncrl cannot adapt."""
+    names = [value] if isinstance(value, str) else list(value or [])
+    if not names or names == ["all-linear"]:
+        names = list(lora.ALL_MODULES)
+    excluded = [exclude] if isinstance(exclude, str) else list(exclude or [])
+    odd = [n for n in [*names, *excluded] if n not in lora.ALL_MODULES]
+    if odd:
+        raise Skip(
+            f"{', '.join(map(str, odd))}: asyncrl adapts only the decoder projections"
+            f" {', '.join(lora.ALL_MODULES)} (by name, or all-linear)"
+        )
+    kept = [n for n in dict.fromkeys(names) if n not in excluded]
+    if not kept:
+        raise Skip("exclude_modules removes every target module")
+    return kept
+
+
+def lora_bounds(key: str, rank: Any, alpha: Any) -> Derived | None:
+    """A refusal when rank or alpha is outside spec.trainer.lora's bounds (asyncrl_api/lora.py), or None."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 512:
+        return refused(key, f"LoRA rank {rank!r}: asyncrl's rank is 1 to 512 (vLLM's largest max_lora_rank)")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha <= 4096:
+        return refused(key, f"lora_alpha {alpha!r}: asyncrl's alpha is above 0 and at most 4096")
+    return None

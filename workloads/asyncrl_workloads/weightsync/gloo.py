@@ -41,7 +41,7 @@ from vllm.distributed.weight_transfer import base as vllm_wt
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.reload import inplace, layerwise
 
-from asyncrl_workloads.weightsync import adapter, base, checksum, cpu_moe, rendezvous
+from asyncrl_workloads.weightsync import adapter, base, checksum, cpu_moe, nccl, rendezvous
 from asyncrl_workloads.weightsync import receiver as receiver_mod
 
 log = logging.getLogger(__name__)
@@ -208,8 +208,9 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
             self.receiver = None
 
 
-class WorkerExtension:
-    """Mixed into vLLM's worker via ``worker_extension_cls``; importing it registers the engine.
+class WorkerExtension(nccl.WorkerExtension):
+    """Mixed into vLLM's worker via ``worker_extension_cls``; importing it registers the engine. The one
+    extension of both backends: the NCCL path's worker methods (a LoRA round's receive) are inherited.
 
     Method names carry an ``asyncrl_`` prefix: vLLM asserts they do not clash with Worker's own.
     """

@@ -18,6 +18,15 @@ flow is the gloo path's (``weightsync/base.py``); only the transport differs:
   generation ``init_weight_transfer_engine`` with this replica's ``rank_offset``; then
   ``start_weight_update`` (layers to meta) -> ``update_weights`` (names/dtypes/shapes) ->
   ``finish_weight_update(version)``, inside ``pause_generation(keep)``.
+- LoRA rounds (``plan.adapter`` set; spec.trainer.lora): the trainer sends the adapter's tensors
+  alone through the same ``send_weights``, and each replica receives them in one ``collective_rpc`` of
+  ``WorkerExtension.asyncrl_receive_adapter`` (``receive_adapter``) instead of vLLM's 3-call session:
+  vLLM's NCCL engine receives as usual (``update_weights``: the packed broadcast on this generation's
+  communicator) into a sink set with the engine's ``set_weight_update_target`` in place of the model,
+  and worker 0 writes the peft directory (weightsync/adapter.py) that ``rollout/engine.py`` then has
+  vLLM load in place (``add_lora(load_inplace=True)``), as on gloo. No layerwise reload runs, so the
+  base model never leaves the GPU: a failed LoRA round keeps the old adapter, unless the receive is
+  stuck in NCCL past the deadline (then, as for full weights, ``base.EngineUnusable``).
 - Deadlines: NCCL collectives cannot be cancelled from Python, so every NCCL call runs in a
   thread the caller waits on until the deadline; past it the communicator is abandoned (leaked,
   never reused), the round fails like a gloo timeout and the next round forms a new generation.
@@ -38,14 +47,20 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from asyncrl_api import config as config_mod
 
-from asyncrl_workloads.weightsync import base, sender
+from asyncrl_workloads.weightsync import adapter, base, sender
+
+log = logging.getLogger(__name__)
+
+ADAPTER_RPC = "asyncrl_receive_adapter"
+"""The engine worker method (``WorkerExtension``) that receives a LoRA round into the adapter directory."""
 
 
 def group_port(port: int) -> int:
@@ -109,9 +124,11 @@ class NcclWeightSender(sender.GlooWeightSender):
 
     def __init__(self, cfg: config_mod.JobConfig) -> None:
         ws = cfg.spec.weight_sync
+        lora = cfg.spec.trainer.lora
         super().__init__(
-            port=cfg.endpoints.weight_sync_port, timeout_seconds=ws.timeout_seconds, bucket_mb=ws.bucket_mb
-        )
+            port=cfg.endpoints.weight_sync_port, timeout_seconds=ws.timeout_seconds, bucket_mb=ws.bucket_mb,
+            adapter=None if lora is None else base.Adapter(lora.rank, lora.alpha, tuple(lora.target_modules)),
+        )  # fmt: skip
         self.host = cfg.endpoints.trainer_host
         self.port = cfg.endpoints.weight_sync_port
         self._source = _ListSource()
@@ -164,38 +181,120 @@ class EngineState:
     generation: int = -1
 
 
-async def update_engine(
+def _update_info(plan: base.Plan) -> dict[str, Any]:
+    """vLLM's ``NCCLWeightTransferUpdateInfo`` of ``plan``: what each packed broadcast holds, in order."""
+    return {
+        "names": [t.name for t in plan.tensors],
+        "dtype_names": [t.dtype for t in plan.tensors],
+        "shapes": [list(t.shape) for t in plan.tensors],
+    }
+
+
+async def join_group(
     llm: Any, plan: base.Plan, roster: base.Roster, host: str, port: int, replica: int, incarnation: str,
     state: EngineState,
 ) -> None:  # fmt: skip
-    """Rollout side of one round on vLLM's NCCL engine (generation must be paused)."""
-    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+    """Open this replica's side of the roster's NCCL group unless the engine is already in that generation
+    (``init_weight_transfer_engine`` with the member's rank offset; the old group is shut down first)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, worker_init_payload
 
     member = roster.member(replica, incarnation)
     if member is None:
         raise RuntimeError(f"replica {replica} is not in the roster of round {roster.seq}")
+    if state.generation == roster.generation:
+        return
     timeout = plan.timeout_seconds
-    if state.generation != roster.generation:
-        if state.generation >= 0:
-            await asyncio.wait_for(llm.shutdown_weight_transfer_engine(), timeout)
-        state.generation = -1
-        init = NCCLWeightTransferInitInfo(
-            master_address=host, master_port=group_port(port), rank_offset=member.rank_offset,
-            world_size=roster.world_size, packed=True, packed_buffer_size_bytes=plan.bucket_bytes,
-        )  # fmt: skip
-        request = WeightTransferInitRequest(init_info=worker_init_payload(init))
-        await asyncio.wait_for(llm.init_weight_transfer_engine(request), timeout)
-        state.generation = roster.generation
-    update = {
-        "names": [t.name for t in plan.tensors],
-        "dtype_names": [t.dtype for t in plan.tensors],
-        "shapes": [list(t.shape) for t in plan.tensors],
-    }
+    if state.generation >= 0:
+        await asyncio.wait_for(llm.shutdown_weight_transfer_engine(), timeout)
+    state.generation = -1
+    init = NCCLWeightTransferInitInfo(
+        master_address=host, master_port=group_port(port), rank_offset=member.rank_offset,
+        world_size=roster.world_size, packed=True, packed_buffer_size_bytes=plan.bucket_bytes,
+    )  # fmt: skip
+    request = WeightTransferInitRequest(init_info=worker_init_payload(init))
+    await asyncio.wait_for(llm.init_weight_transfer_engine(request), timeout)
+    state.generation = roster.generation
+
+
+async def update_engine(
+    llm: Any, plan: base.Plan, roster: base.Roster, host: str, port: int, replica: int, incarnation: str,
+    state: EngineState,
+) -> None:  # fmt: skip
+    """Rollout side of one full-weights round on vLLM's NCCL engine (generation must be paused)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    await join_group(llm, plan, roster, host, port, replica, incarnation, state)
     await llm.start_weight_update()
     try:
-        await asyncio.wait_for(llm.update_weights(WeightTransferUpdateRequest(update_info=update)), timeout)
+        await asyncio.wait_for(
+            llm.update_weights(WeightTransferUpdateRequest(update_info=_update_info(plan))),
+            plan.timeout_seconds,
+        )
     except BaseException as exc:
         state.generation = -1
         raise base.EngineUnusable(f"nccl weight update v{plan.version} failed mid-transfer: {exc}") from exc
     await llm.finish_weight_update(weight_version=str(plan.version))
+
+
+def receive_adapter(llm: Any, plan: base.Plan, replica: int, incarnation: str) -> Awaitable[Any]:
+    """The engine call that receives a LoRA round (``plan.adapter``) on the group ``join_group`` opened
+    and writes replica ``replica``'s adapter directory; not awaited here, so the caller can queue vLLM's
+    adapter load and the version stamp right behind it (``RolloutEngine._stamped``)."""
+    if plan.adapter is None:
+        raise ValueError(f"round {plan.seq} carries full weights, not an adapter")
+    result: Awaitable[Any] = llm.collective_rpc(
+        ADAPTER_RPC, args=(base.encode(plan).decode(), replica, incarnation)
+    )
+    return result
+
+
+class _AdapterSink(torch.nn.Module):
+    """Stands in for the model as the target of vLLM's NCCL receive: keeps what it is given, on the host.
+
+    vLLM's packed receive hands ``load_weights`` views of its packed receive buffer (on a side stream);
+    the copy to the host is ordered after the broadcast on that stream and outlives the buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensors: list[tuple[str, torch.Tensor]] = []
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        names = set()
+        for name, tensor in weights:
+            self.tensors.append((name, tensor.to("cpu", copy=True)))
+            names.add(name)
+        return names
+
+
+class WorkerExtension:
+    """The NCCL path's methods in vLLM's engine workers. vLLM takes one ``worker_extension_cls``, which is
+    ``weightsync/gloo.py``'s ``WorkerExtension`` (importing it registers the gloo engine); it inherits
+    these. Names carry the ``asyncrl_`` prefix (vLLM asserts they do not clash with Worker's own)."""
+
+    def asyncrl_receive_adapter(self, plan: str, replica: int, incarnation: str) -> None:
+        """Receive a LoRA round through vLLM's NCCL engine into host buffers, not into the model, and
+        (worker 0 of the replica) write them as the adapter directory ``rollout/engine.py`` loads."""
+        decoded = base.decode(plan.encode(), base.Plan)
+        if decoded.adapter is None:
+            raise ValueError(f"round {decoded.seq} carries full weights, not an adapter")
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, NCCLWeightTransferEngine):
+            raise RuntimeError("asyncrl LoRA over NCCL needs weight_transfer_config backend 'nccl'")
+        if engine.model_update_group is None:
+            raise RuntimeError("nccl weight transfer: init_weight_transfer_engine was not called")
+        t0 = time.monotonic()
+        sink = _AdapterSink()
+        engine.set_weight_update_target(sink, engine.model_config)
+        try:
+            engine.update_weights(_update_info(decoded))  # vLLM's receive: packed broadcast -> sink
+        finally:
+            engine.reset_weight_update_target()
+        pc = engine.parallel_config
+        if pc.data_parallel_index * pc.world_size + pc.rank == 0:  # one writer per replica
+            out = adapter.directory(replica, incarnation)
+            adapter.write(out, decoded.adapter, sink.tensors, str(engine.model_config.model))
+        log.info("nccl weight transfer v%d: %d adapter tensors received and written in %.1f ms",
+                 decoded.version, len(sink.tensors), 1e3 * (time.monotonic() - t0))  # fmt: skip

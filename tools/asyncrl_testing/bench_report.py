@@ -72,7 +72,19 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         [f"{TOOLS}/bench_interference.py", "--coupled", "--pairs", "48", "--window", "30", "--settle", "3"],
         "--json",
     ),
+    # issue 46 item 5: a gateway job (its own agent over HTTP) ÷ the same job with the built-in agent loop,
+    # whole `asyncrl run`s of the two examples, 25 steps each, 2 rotating rounds (~15 min)
+    "gateway_job": ([f"{TOOLS}/bench_gateway_job.py", "--steps", "25", "--rounds", "2"], "--json"),
+    # issue 43 item 7: the trainer's peak tensor memory per rank, 192M Qwen3, 4k/8k/16k tokens, each memory
+    # feature off and on, fake tensors (no FLOPs) plus real 4096-token steps (~30-40 min on 2 cores);
+    # its own section, not a table row
+    "memory": ([f"{TOOLS}/bench_memory.py"], "--json"),
+    # the LoRA weight-sync payload and time ÷ the full sync, same model, real gloo sender and receiver
+    "weightsync_lora": ([f"{TOOLS}/bench_weightsync.py", "--lora", "--syncs", "6"], "--out"),
 }
+
+SECTIONS = ("memory", "weightsync_lora")
+"""Benchmarks rendered as a section of their own (memory_section), not as rows of the summary table."""
 
 
 def utc_now() -> str:
@@ -308,6 +320,40 @@ def _megatron_rows(res: dict[str, Any] | None) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def _gateway_job_rows(res: dict[str, Any] | None) -> list[list[str]]:
+    """The gateway-job benchmark (bench_gateway_job.py): trainer samples/s of a gateway job ÷ the agent
+    loop's, and where each side's CPU goes."""
+    what = ("gateway job ÷ agent-loop job: trainer samples/s of examples/gateway-cpu.yaml (its own agent "
+            "over HTTP) ÷ examples/agent-cpu.yaml, same task, model, batch and replicas")  # fmt: skip
+    if not res:
+        return [["Gateway job", what, "", "≥ 0.5", ""]]
+    rs, st = res["rounds"], res["settings"]
+    each = ", ".join(str(r["ratio"]) for r in rs)
+    if len(rs) >= 3:
+        interval, verdict = _verdict_ci([r["ratio"] for r in rs], 0.5)
+    else:
+        interval, verdict = (
+            f"{len(rs)} round(s): no interval",
+            "**pass**" if res["ratio"] >= 0.5 else "**miss**",
+        )
+    sides = "; ".join(
+        ", ".join(
+            f"{n} {v['samples_per_s']}/s, trainer wait {v['wait_per_step_s']} s/step"
+            for n, v in r["sides"].items()
+        )
+        for r in rs
+    )
+    got = (f"**{res['ratio']}** = median of {len(rs)} rounds ({each}; {interval}); {sides}; "
+           f"{st['steps']} steps a side, the first {st['skip']} left out")  # fmt: skip
+    cpu = "; ".join(
+        f"{n}: " + ", ".join(f"{role} {ms}" for role, ms in v["cpu_ms_per_sample"].items() if ms >= 0.5)
+        for n, v in rs[-1]["sides"].items()
+    )
+    parts = f"CPU ms per trained sample by role (last round): {cpu}"
+    return [["Gateway job", what, got, "≥ 0.5", verdict],
+            ["Gateway job parts", "where each side's CPU goes", parts, "— (diagnostic)", "—"]]  # fmt: skip
+
+
 def _autoscale_rows(res: dict[str, Any] | None) -> list[list[str]]:
     """The elastic-rollout benchmark (bench_autoscale.py): autoscale ÷ the best fixed replica count."""
     what = ("elastic rollouts: `autoscale` 1..N ÷ the best fixed `rollout.replicas` in 1..N on the same job "
@@ -455,6 +501,8 @@ def rows_for(name: str, rec: dict[str, Any] | None) -> list[list[str]]:
         return _megatron_rows(res)
     if name == "autoscale":
         return _autoscale_rows(res)
+    if name == "gateway_job":
+        return _gateway_job_rows(res)
     if name == "interference":
         what = "P1's hardware ceiling: rollout rate with a training trainer beside it ÷ with it stopped"
         if not res:
@@ -522,6 +570,8 @@ def render(results: pathlib.Path) -> str:
     ]
     notes, commands = [], []
     for name in SCRIPTS:
+        if name in SECTIONS:
+            continue
         path = results / f"{name}.json"
         rec = json.loads(path.read_text()) if path.exists() else None
         if rec and rec.get("result") is None:
@@ -543,11 +593,105 @@ def render(results: pathlib.Path) -> str:
     modes = json.loads((results / "modes.json").read_text()) if (results / "modes.json").exists() else None
     if modes and modes.get("result"):
         lines += ["", "## P1/P2 details", "", *modes_details(modes["result"])]
+    memory, lora = (_stored(results, name) for name in SECTIONS)
+    if memory and memory.get("result"):
+        lines += ["", *memory_section(memory["result"], lora["result"]["lora"] if lora else None, memory)]
+    commands += [
+        f"- {rec['name']} ({rec['wall_s']} s, exit {rec['rc']}): `{rec['command']}`"
+        for rec in (memory, lora)
+        if rec
+    ]
     lines += ["", "## Commands", "", *(commands or ["- none run"]), *([""] + notes if notes else [])]
     lines += ["", f"Regenerate: `.venv/bin/python {TOOLS}/bench_report.py --run {' '.join(SCRIPTS)}`", ""]
     if NOTES.exists():
         lines += ["## Notes", "", NOTES.read_text().strip(), ""]
     return "\n".join(lines)
+
+
+def _stored(results: pathlib.Path, name: str) -> dict[str, Any] | None:
+    path = results / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def memory_section(
+    res: dict[str, Any], lora: list[dict[str, Any]] | None = None, run: dict[str, Any] | None = None
+) -> list[str]:
+    """The "Trainer memory and scale" section from bench_memory.py's JSON (and bench_weightsync.py
+    --lora's rows; ``run``: the stored record, for its command, start and commit): one row per (tokens,
+    setting, mode), the peak beside the issue's lower bound, what the peak held, the cross-check of
+    fake against real where both ran, and the LoRA sync ratios."""
+    shape, rows = res["shape"], res["rows"]
+    chunk = next(
+        (s["logprob_chunk_tokens"] for s in res["settings"].values() if s["logprob_chunk_tokens"]), 0
+    )
+    lines = [
+        "## Trainer memory and scale",
+        "",
+        f"`{TOOLS}/bench_memory.py` (issue 43, item 7): the trainer's own `FSDP2Backend` and its `step` "
+        f"(FSDP2, one rank, float32, the tis loss, AdamW) on a randomly initialised Qwen3-shaped model of "
+        f"**{res['params'] / 1e6:.1f}M parameters** (hidden {shape['hidden']}, {shape['layers']} layers, "
+        f"{shape['heads']} heads over {shape['kv_heads']} KV heads of {shape['head_dim']}, "
+        f"MLP {shape['mlp']}, "
+        f"vocabulary {shape['vocab']}, tied embeddings), one micro-batch of 8 sequences; the second of two "
+        "steps measured. Peak = live tensor bytes by torch's `MemTracker` (what `max_memory_allocated` "
+        "counts, without the allocator's cached pages). **fake**: the same backend and step on "
+        "FakeTensorMode tensors and torch's fake process group (shapes and storages, no FLOPs: no step "
+        "time); **real**: real tensors on gloo, timed. Lower bound (the issue's): 16 B per parameter "
+        "(weights, gradients, AdamW's two moments) + one decoder layer's activations, tokens × (4·hidden + "
+        f"3·MLP + 2·heads·head dim) × 4 B. Chunked log-probs: {chunk}-token chunks. Goal: peak ÷ bound ≤ 1.5 "
+        "with everything on.",
+        "",
+        *(
+            [f"Run {run['started_utc']} ({run['commit']}, {run['wall_s']} s): `{run['command']}`", ""]
+            if run
+            else []
+        ),
+        "| tokens | setting | mode | peak (GiB) | lower bound (GiB) | peak ÷ bound | at the peak: weights / "
+        "optimizer / activations / backward temporaries (GiB) | step (s) |",
+        "|---:|---|---|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        k = r["kinds"]
+        held = (
+            " / ".join(_gib(k[c]) for c in ("Parameter", "Optstate", "Activation"))
+            + f" / {_gib(k['Temp'] + k['Gradient'])}"
+        )
+        step = f"{r['step_s']:.1f}" if r["step_s"] is not None else "not timed (fake)"
+        lines.append(
+            f"| {r['tokens']} | {r['setting']} | {r['mode']} | {_gib(r['peak_bytes'])}"
+            f" | {_gib(r['bound_bytes'])} | **{r['ratio']:.2f}** | {held} | {step} |"
+        )
+    real = {(r["tokens"], r["setting"]): r for r in rows if r["mode"] == "real"}
+    pairs = [
+        (r, real[(r["tokens"], r["setting"])])
+        for r in rows
+        if r["mode"] == "fake" and (r["tokens"], r["setting"]) in real
+    ]
+    if pairs:
+        checks = "; ".join(
+            f"{f['tokens']} {f['setting']}: fake {f['peak_bytes']} B, real {r['peak_bytes']} B "
+            f"(fake ÷ real {f['peak_bytes'] / r['peak_bytes']:.4f})"
+            for f, r in pairs
+        )
+        lines += ["", f"Cross-check, the same (tokens, setting) in both modes: {checks}."]
+    if lora:
+        full, adapters, ratio = lora
+        mib = f"{adapters['bytes'] / 2**20:.1f} MiB ÷ {full['bytes'] / 2**20:.1f} MiB"
+        transfer = f"{adapters['transfer_ms']} ms ÷ {full['transfer_ms']} ms"
+        whole = f"{adapters['round_ms']} ms ÷ {full['round_ms']} ms"
+        lines += [
+            "",
+            "LoRA weight sync (`bench_weightsync.py --lora`, the same model, rank 16 on all seven "
+            "projections, the real `GlooWeightSender` to one real receiver process, medians of "
+            f"{full['syncs']} syncs): payload {mib} = **{ratio['bytes']:.4f}**; transfer {transfer} = "
+            f"**{ratio['transfer_ms']:.3f}**; whole round {whole} = **{ratio['round_ms']:.3f}** "
+            "(goal ≤ 0.05).",
+        ]
+    return lines
 
 
 THREAD_LABELS = {

@@ -25,6 +25,15 @@ Measured 2026-11-29 on the shared 2-core machine (load 9-13): 104 MB model, over
 8-18 ms). Since the version stamp shares the load's round trip and the serial round hashes after
 resuming (load 2-3): tiny overlapped pause 16-25 ms over 5-12 ms transfer, of which vLLM's
 layerwise reload alone is 10-20 ms (its own log); 104 MB serial pause 327 ms (was 361 ms).
+
+``--lora`` (issue 43, item 7: LoRA payload and time over a full sync) measures the two payloads alone,
+without vLLM: the issue's Qwen3-shaped 192M model (bench_memory.py's shape), the full payload as the
+trainer builds it (``fsdp.full_tensors``, float32 as a CPU engine takes it) and the LoRA payload
+(``lora.adapter_tensors`` after ``lora.apply`` with spec.trainer.lora's defaults: rank 16, alpha 32,
+all seven projections), each sent ``--syncs`` times by the real ``GlooWeightSender`` to one real
+receiver (tests/dataplane/weightsync_peer.py: the rollout's ReplicaLink and GlooWeightReceiver in a
+process of its own). Reported per payload: bytes, the median transfer (the broadcast of all buckets)
+and round (plan, ready, transfer, ack), the first sync left out (it forms the group); then LoRA / full.
 """
 
 from __future__ import annotations
@@ -37,9 +46,11 @@ import pathlib
 import statistics
 import sys
 import tempfile
+import time
 from typing import Any
 
-sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / d) for d in ("workloads", "operator")]
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / d) for d in ("workloads", "operator", "tools")]
 
 import torch  # noqa: E402
 from asyncrl_workloads import metrics, tinymodel  # noqa: E402
@@ -133,13 +144,71 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+PEER = REPO / "tests" / "dataplane" / "weightsync_peer.py"
+
+
+def run_lora(syncs: int, bucket_mb: int) -> list[dict[str, Any]]:
+    """--lora: the full and the LoRA payload of the same model, each over a real gloo round."""
+    import argparse
+    import subprocess
+
+    from asyncrl_api import lora as lora_api
+    from asyncrl_workloads.trainer import fsdp
+    from asyncrl_workloads.trainer import lora as lora_mod
+
+    from asyncrl_testing import bench_memory
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = argparse.Namespace(**bench_memory.SHAPE, tokens=[4096], real=[])
+        bench_memory.make_model(pathlib.Path(tmp), shape)
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+    full = list(fsdp.full_tensors(model, torch.float32))
+    settings = lora_mod.LoraSettings(rank=16, alpha=32.0, target_modules=lora_api.ALL_MODULES)
+    adapters = list(lora_mod.adapter_tensors(lora_mod.apply(model, settings), torch.float32))
+    rows: list[dict[str, Any]] = []
+    for kind, named, adapter in (("full", full, None), ("lora", adapters, settings.wire())):
+        port = free_port()
+        trainer = sender.GlooWeightSender(port, timeout_seconds=120, bucket_mb=bucket_mb, adapter=adapter)
+        peer = subprocess.Popen([sys.executable, str(PEER), "127.0.0.1", str(port), "0"],
+                                stdout=subprocess.DEVNULL)  # fmt: skip
+        while not trainer.members():
+            time.sleep(0.05)
+        reports = [trainer.sync(version, named) for version in range(1, syncs + 1)][1:]
+        peer.terminate()
+        peer.wait(timeout=60)
+        trainer.close()
+        assert all(r.checksums == {0: sender.expected_checksum(named)} for r in reports), "a round failed"
+        rows.append({
+            "payload": kind, "tensors": len(named), "bytes": reports[0].nbytes, "syncs": len(reports),
+            "transfer_ms": round(1e3 * statistics.median(r.transfer_seconds for r in reports), 1),
+            "round_ms": round(1e3 * statistics.median(r.total_seconds for r in reports), 1),
+            "load1": round(os.getloadavg()[0], 1),
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    full_row, lora_row = rows
+    rows.append({
+        "payload": "lora / full", "bytes": round(lora_row["bytes"] / full_row["bytes"], 4),
+        "transfer_ms": round(lora_row["transfer_ms"] / full_row["transfer_ms"], 4),
+        "round_ms": round(lora_row["round_ms"] / full_row["round_ms"], 4),
+    })  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--syncs", type=int, default=8)
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--lora", action="store_true", help="LoRA vs full payload, no vLLM (module doc)")
     args = parser.parse_args()
+    if args.lora:
+        rows = run_lora(args.syncs, args.bucket_mb)
+        if args.out:
+            args.out.write_text(json.dumps({"lora": rows}, indent=2))
+        return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     rows = asyncio.run(main_async(args))
     print("| model | MB | mode | pause ms | transfer ms | P3 pause/transfer | round ms | load |")

@@ -9,7 +9,6 @@ head runs through the root's registered forward method: ``fsdp.token_logprobs``)
 from __future__ import annotations
 
 import math
-import os
 import pathlib
 import socket
 import subprocess
@@ -17,23 +16,11 @@ import sys
 
 import pytest
 import torch
+from asyncrl_testing.ranks import env_for
 
 pytestmark = pytest.mark.dataplane
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-
-
-def env_for(rank: int, world: int, port: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "workloads"), str(REPO / "tools")]),
-    }
 
 
 def run_worker(model: pathlib.Path, out: pathlib.Path, world: int) -> dict:

@@ -19,12 +19,12 @@ import asyncio
 import copy
 import dataclasses
 import pathlib
-import socket
 import time
 from typing import Any
 
 import pytest
 import torch
+from asyncrl_testing.ranks import free_port
 from asyncrl_workloads import metrics
 from asyncrl_workloads.bus import trajectory
 from asyncrl_workloads.rewards import scorer as scorer_mod
@@ -32,12 +32,6 @@ from asyncrl_workloads.tasks import say_char
 from asyncrl_workloads.weightsync import checksum, replica, sender
 
 pytestmark = pytest.mark.dataplane
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def perturbed(model: Any, seed: int) -> Any:

@@ -18,7 +18,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,17 +30,12 @@ import prometheus_client.parser
 import pytest
 from asyncrl_api import config as config_mod
 from asyncrl_testing import procfs
+from asyncrl_testing.ranks import free_port
 from asyncrl_workloads.bus import codec, subjects
 from asyncrl_workloads.tasks import say_char
 
 pytestmark = pytest.mark.dataplane
 N, PROMPTS, STALENESS = 4, 3, 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job_config(model_dir: pathlib.Path, nats_url: str, **spec_overrides: Any) -> dict[str, Any]:

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,31 +18,13 @@ import pytest
 import torch
 from asyncrl_api import config
 from asyncrl_testing import jobs
+from asyncrl_testing.ranks import env_for, free_port
 from asyncrl_workloads.bus import jetstream, trajectory
 from asyncrl_workloads.trainer import checkpoint
 
 pytestmark = pytest.mark.dataplane
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def env_for(rank: int, world: int, port: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "workloads"), str(REPO / "tools")]),
-    }
 
 
 def run_fsdp_step(

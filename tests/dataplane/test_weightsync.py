@@ -13,7 +13,6 @@ import os
 import pathlib
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,17 +22,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 from asyncrl_testing import vllm_round
+from asyncrl_testing.ranks import free_port
 from asyncrl_workloads.weightsync import base, checksum, sender
 
 pytestmark = pytest.mark.dataplane
 PEER = pathlib.Path(__file__).with_name("weightsync_peer.py")
 TIMEOUT_S = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def weights(seed: int) -> list[tuple[str, torch.Tensor]]:

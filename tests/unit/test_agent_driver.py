@@ -173,3 +173,30 @@ def test_a_command_that_never_reads_its_prompt_is_still_killed_at_the_timeout(tm
     started = time.monotonic()
     finished = asyncio.run(driver.run_command(SESSION, "x" * 1_000_000, tmp_path))
     assert finished is False and time.monotonic() - started < agentdriver.KILL_GRACE_S + 5
+
+
+def test_after_a_stop_a_gateway_that_is_gone_gets_a_few_seconds_not_connect_wait(
+    tmp_path: pathlib.Path, monkeypatch: Any
+) -> None:
+    """A stopped worker aborts its sessions; with the gateway going away too (nothing listens on port 9)
+    it gives up after STOP_GRACE_S instead of retrying for --connect-wait (600 s: the local runner then
+    killed every worker 15 s into its stop)."""
+    import asyncio
+    import time
+
+    monkeypatch.setattr(agentdriver, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(agentdriver, "RETRY_S", 0.1)
+    driver = _driver(tmp_path, connect_wait=600.0)
+
+    async def stop_then_abort() -> None:
+        driver.stop()
+        await driver.call("http://127.0.0.1:9/sessions/s1/rl/abort", "k")
+
+    started = time.monotonic()
+    try:
+        asyncio.run(stop_then_abort())
+    except agentdriver.GatewayError as exc:
+        assert "/rl/abort" in str(exc) and "after the stop signal" in str(exc)
+    else:
+        raise AssertionError("an abort reached a gateway that is not there")
+    assert time.monotonic() - started < 10

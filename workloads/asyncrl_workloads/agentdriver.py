@@ -50,6 +50,11 @@ KILL_GRACE_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
 """A whole gateway request (send, answer read to its end), however slowly the gateway answers."""
 RETRY_S = 1.0
+STOP_GRACE_S = 5.0
+"""After a stop signal, how long a session's closing call (reward, end, abort) is retried while the gateway
+does not answer at all: one that is going away with the job (the local runner stops its rollouts with the
+workers; a deleted job's pods) expires the session itself, and the worker exits instead of retrying for
+--connect-wait."""
 
 
 class GatewayError(Exception):
@@ -159,6 +164,7 @@ class Driver:
         self.running = 0
         self.group_size = args.n or 1
         self.stopping = asyncio.Event()
+        self.stopped_at = 0.0
         self.counts = {"ended": 0, "aborted": 0, "groups": 0}
         self.processes: set[asyncio.subprocess.Process] = set()
 
@@ -176,6 +182,12 @@ class Driver:
             if status in (0, 429, 503):
                 if self.stopping.is_set() and not url.endswith(("/rl/abort", "/rl/end", "/rl/reward")):
                     raise Stopped()
+                if (
+                    status == 0
+                    and self.stopping.is_set()
+                    and time.monotonic() > self.stopped_at + STOP_GRACE_S
+                ):
+                    raise GatewayError(f"{url}: no answer {STOP_GRACE_S:g} s after the stop signal")
                 await asyncio.sleep(wait)
                 continue
             if status >= 400:
@@ -223,6 +235,7 @@ class Driver:
     def stop(self) -> None:
         """From a signal handler: no new groups, running commands killed, their sessions aborted."""
         self.stopping.set()
+        self.stopped_at = time.monotonic()
         asyncio.get_running_loop().create_task(self.release(0))  # wakes a wait for free slots
 
     async def release(self, count: int) -> None:

@@ -12,7 +12,8 @@ references in the command expanded from that env. Local differences, all explici
 - MASTER_ADDR/MASTER_PORT (torch's default group) become 127.0.0.1 and the local torch master port;
 - each process gets its own metrics port through ASYNCRL_METRICS_PORT (they share one host);
 - a gateway job's rollout replica i serves the gateway on spec port + 1 + i at 127.0.0.1
-  (`local.gateway`: ASYNCRL_GATEWAY_PORT and ASYNCRL_GATEWAY_URL replace the pod's DNS name; the spec port
+  (`local.gateway`: ASYNCRL_GATEWAY_PORT and ASYNCRL_GATEWAY_URL replace the pod's DNS name, and
+  ASYNCRL_GATEWAY_PEER_URL lists every replica's URL instead of the pods' DNS template; the spec port
   is the runner's front URL, as the Service's on a cluster), and the admin key's `secretKeyRef` resolves to
   the run's key (the only Secret a local run has);
 - an endpoint's API key (the judge's on rollouts, the teacher's on trainers: a `secretKeyRef` env var named
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -246,6 +248,19 @@ def resolve_executable(name: str) -> str:
     return shutil.which(name) or name
 
 
+CLI_AGENTS = ("claude-code", "codex")
+"""tools/setup.sh's npm CLIs, each in $ASYNCRL_CACHE (default ~/.cache/asyncrl)/<name>/node_modules/.bin."""
+
+
+def agent_path(environ: Mapping[str, str]) -> str:
+    """A local agent worker's PATH: the runner's, then the bin directories of tools/setup.sh's CLIs that
+    exist, so a sessionCommand's `claude` or `codex` runs as in an agent image that has it on its PATH
+    (one on the runner's PATH wins)."""
+    cache = pathlib.Path(environ.get("ASYNCRL_CACHE") or pathlib.Path.home() / ".cache" / "asyncrl")
+    bins = [cache / cli / "node_modules" / ".bin" for cli in CLI_AGENTS]
+    return os.pathsep.join([environ.get("PATH", os.defpath), *(str(b) for b in bins if b.is_dir())])
+
+
 def expand(
     manifests: list[dict[str, Any]],
     config_path: pathlib.Path,
@@ -304,8 +319,9 @@ def expand_agents(
     the rest (an agent waits for the gateway itself; the operator holds them at 0 until a rollout serves),
     ASYNCRL_GATEWAY_URL is the run's front URL (the Service's on a cluster), the admin key the run's; a
     Secret or ConfigMap key of the worker's env is the runner's own variable of that name; envFrom is not
-    resolved locally. Relative paths in the command are the current directory's, as in `asyncrl run`. No
-    metrics port (0)."""
+    resolved locally. Relative paths in the command are the current directory's, as in `asyncrl run`; a
+    sessionCommand's `claude` or `codex` not on PATH is the one tools/setup.sh installed (`agent_path`,
+    which the runner sets for local processes). No metrics port (0)."""
     workers = cfg.spec.agent.workers if cfg.spec.agent is not None else None
     deployment = next((m for m in manifests if m.get("kind") == "Deployment"), None)
     if workers is None or deployment is None or gateway is None:

@@ -173,6 +173,8 @@ class Supervisor:
             self.children[pod.name] = self.engine.start(pod, log)
             return
         env = {**self.base_env, **pod.env}
+        if pod.role == pods.AGENT_ROLE:
+            env["PATH"] = pods.agent_path(env)  # the CLIs tools/setup.sh installed, as in an agent image
         self.children[pod.name] = process.Child(pod.name, pod.argv, log, env=env, cpus=pod.cpus)
 
     def start_all(self) -> None:

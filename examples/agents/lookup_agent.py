@@ -41,6 +41,12 @@ from typing import Any
 import httpx
 import openai
 
+try:  # openai[aiohttp]: aiohttp under httpx's API. httpx's own pool scans every pooled connection on each
+    # request; with a hundred sessions in flight that cost the agent 3.5 ms of CPU a call, aiohttp 1.5 ms
+    from httpx_aiohttp import HttpxAiohttpClient as HttpClient
+except ImportError:
+    HttpClient = httpx.AsyncClient
+
 TOOLS = [
     {
         "type": "function",
@@ -288,7 +294,7 @@ async def main(args: argparse.Namespace) -> int:
     # idle connections are dropped well before the server's keep-alive timeout, so a request is rarely
     # sent on a connection the server is closing at that moment
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits) as http:
+    async with HttpClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits) as http:
         tickets = {"started": 0, "done": 0}
         workers = [asyncio.create_task(worker(args, http, tickets)) for _ in range(args.concurrency)]
         stop = asyncio.create_task(stopped.wait())

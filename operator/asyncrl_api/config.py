@@ -45,6 +45,9 @@ NATS_CREDS_KEY = "creds"
 NATS_CREDS_PATH = f"{NATS_CREDS_DIR}/{NATS_CREDS_KEY}"
 GATEWAY_PORT_ENV = "ASYNCRL_GATEWAY_PORT"
 """Overrides spec.agent.gateway.port: the local runner gives each replica on one host its own port."""
+GATEWAY_PEER_URL_ENV = "ASYNCRL_GATEWAY_PEER_URL"
+"""The peer replicas' gateway URLs, for the groups a replica cannot admit (gateway/service.py's
+GatewaySettings.peer_url): a `{replica}` template from the operator, a list from the local runner."""
 
 
 class Endpoints(base.APIModel):

@@ -190,11 +190,13 @@ def test_gateway_replicas_get_their_own_port_and_url_and_the_admin_key_for_its_s
             "ASYNCRL_GATEWAY_ADMIN_KEY": key,
             "ASYNCRL_GATEWAY_PORT": "8101",
             "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8101",
+            "ASYNCRL_GATEWAY_PEER_URL": "http://127.0.0.1:8101,http://127.0.0.1:8102",
         },
         "gw-rollout-1": {
             "ASYNCRL_GATEWAY_ADMIN_KEY": key,
             "ASYNCRL_GATEWAY_PORT": "8102",
             "ASYNCRL_GATEWAY_URL": "http://127.0.0.1:8102",
+            "ASYNCRL_GATEWAY_PEER_URL": "http://127.0.0.1:8101,http://127.0.0.1:8102",
         },
     }
     described = json.loads(pods.describe(local))  # pods.json: the key stays in gateway.json only

@@ -110,3 +110,29 @@ def test_a_process_that_only_inherited_the_variable_is_left_alone(tmp_path) -> N
         assert alive(child)
     finally:
         cleanup(proc, child)
+
+
+def test_a_cpu_engines_idle_reader_sleeps_in_short_polls_instead_of_spinning() -> None:
+    """vLLM's SpinCondition (a real one, on a real zmq SUB socket nobody publishes to): patched, a reader
+    spins 0 s and polls in slices, so a read with no timeout comes back within the idle slice (the loop
+    around it checks the ring again); vLLM's own wait would block in the poll until a notification."""
+    import threading
+
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast
+    from vllm.utils.network_utils import get_open_zmq_ipc_path
+
+    context = zmq.Context()
+    cond = shm_broadcast.SpinCondition(True, context, get_open_zmq_ipc_path())
+    original = shm_broadcast.SpinCondition.wait
+    try:
+        vllm_plugin.quiet_idle_readers()
+        assert shm_broadcast.SpinCondition.wait is not original
+        cond.last_read = time.monotonic() - 10  # idle: vLLM's wait would poll with no timeout
+        returned = threading.Event()
+        threading.Thread(target=lambda: (cond.wait(None), returned.set()), daemon=True).start()
+        assert returned.wait(2.0) and cond.busy_loop_s == 0
+    finally:
+        shm_broadcast.SpinCondition.wait = original  # type: ignore[method-assign]
+        cond.cancel()
+        context.destroy(linger=0)

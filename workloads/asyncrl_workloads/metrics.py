@@ -134,6 +134,14 @@ GATEWAY_UNREWARDED = _counter(
     "asyncrl_gateway_unrewarded",
     "Gateway trajectories not published: no reward was set and the session had no record to score.",
 )
+GATEWAY_GROUPS_FORWARDED = _counter(
+    "asyncrl_gateway_groups_forwarded",
+    "Gateway group requests this replica could not admit, forwarded to a peer replica: one per peer tried, "
+    "by the peer's answer (admitted: 200, returned to the agent; refused: 429; error: anything else, a "
+    "timeout or no connection).",
+    ("outcome",),
+)
+GATEWAY_FORWARD_OUTCOMES = ("admitted", "refused", "error")
 GATEWAY_HOSTED_TOOLS_DROPPED = _counter(
     "asyncrl_gateway_hosted_tools_dropped",
     "Gateway Responses API: hosted tools (web_search, mcp, ...) the gateway cannot run, left out of what "
@@ -260,6 +268,9 @@ class Bound:
         self.gateway_request_seconds = GATEWAY_REQUEST_SECONDS.labels(*values)
         self.gateway_tokens = {k: GATEWAY_TOKENS.labels(*values, k) for k in ("prompt", "completion")}
         self.gateway_unrewarded = GATEWAY_UNREWARDED.labels(*values)
+        self.gateway_groups_forwarded = {
+            o: GATEWAY_GROUPS_FORWARDED.labels(*values, o) for o in GATEWAY_FORWARD_OUTCOMES
+        }
 
         self.teacher_kl = TEACHER_KL.labels(*values)
         self.endpoint_latency = {e: ENDPOINT_LATENCY_SECONDS.labels(*values, e) for e in ENDPOINT_NAMES}

@@ -6,7 +6,9 @@ optional component's pieces live together, and a job without a gateway renders n
 
 - Agents open sessions through the ClusterIP Service ``<job>-gateway`` (any ready replica, with the
   admin key). A session is sticky to the replica that opened it: the replica hands out its own
-  address, ``ASYNCRL_GATEWAY_URL`` = the pod's DNS name through the rollout's headless Service.
+  address, ``ASYNCRL_GATEWAY_URL`` = the pod's DNS name through the rollout's headless Service. A group
+  the replica cannot admit goes to its peers, found through ``ASYNCRL_GATEWAY_PEER_URL`` (every pod's DNS
+  name, with ``{replica}`` for the ordinal).
 - The admin key reaches the container only as a ``secretKeyRef`` env var (``render.secrets``): its value
   is in no rendered object; the operator only checks that the Secret and key exist.
 - The NetworkPolicy ``<job>-gateway``: the job's own policy (``render.network``) admits only the job's
@@ -25,6 +27,8 @@ from asyncrl_api import config, models, task
 from asyncrl_operator.render import names, secrets
 
 PORT_NAME = "gateway"
+PEER_URL_ENV = config.GATEWAY_PEER_URL_ENV
+"""The peers' URL template (read by the workloads' gateway/service.py, which names it too)."""
 
 
 def spec(job: models.AsyncRLJob) -> task.GatewaySpec | None:
@@ -44,11 +48,12 @@ def service_port(gateway: task.GatewaySpec) -> dict[str, Any]:
 
 
 def env(job: models.AsyncRLJob, gateway: task.GatewaySpec) -> list[dict[str, Any]]:
-    """The admin key (from its Secret) and the pod's own gateway URL. Goes after ``pods.identity_env``:
-    the kubelet expands $(POD_NAME) only from variables defined earlier in the list."""
+    """The admin key (from its Secret), the pod's own gateway URL and its peers'. Goes after
+    ``pods.identity_env``: the kubelet expands $(POD_NAME) only from variables defined earlier in the list."""
     return [
         secrets.secret_env(config.GATEWAY_ADMIN_KEY_ENV, gateway.admin_key_secret),
         {"name": config.GATEWAY_URL_ENV, "value": names.gateway_pod_url(job.metadata.name, gateway.port)},
+        {"name": PEER_URL_ENV, "value": names.gateway_peer_url(job.metadata.name, gateway.port)},
     ]
 
 

@@ -129,6 +129,12 @@ def gateway_pod_url(job_name: str, port: int) -> str:
     return f"http://$(POD_NAME).{rollout(job_name)}.$(POD_NAMESPACE).svc:{port}"
 
 
+def gateway_peer_url(job_name: str, port: int) -> str:
+    """Every rollout pod's gateway URL as a template: ``{replica}`` is the pod's ordinal (the StatefulSet's
+    pod ``<rollout>-<ordinal>``), so a replica reaches its peers at any replica count."""
+    return f"http://{rollout(job_name)}-{{replica}}.{rollout(job_name)}.$(POD_NAMESPACE).svc:{port}"
+
+
 def nats_url(job_name: str, namespace: str, port: int) -> str:
     """URL of the managed NATS server."""
     return f"nats://{nats(job_name)}.{namespace}.svc:{port}"

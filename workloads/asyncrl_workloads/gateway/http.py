@@ -28,6 +28,14 @@ HTTP status as an int, is not used), Anthropic-shaped on the Messages routes. Bo
 over spec.agent.gateway.maxBodyBytes get 413, invalid JSON 400, a missing or wrong key 401, an unknown
 session 404, an ended one 409, an expired one 410, no admission 429 with Retry-After; nothing is recorded
 for any of them. Keys are compared in constant time and never logged (uvicorn's access log is off).
+
+Admission across replicas: a replica admits only its share of the job's groups, and an agent may reach
+only one replica (a keep-alive connection to the Service sticks to one pod). So a POST /rl/groups or
+/rl/sessions this replica would answer 429 for admission is first sent on to the peer replicas
+(``Gateway.peers``, from one further on each time), with the same body and Authorization header and
+``X-Asyncrl-Forwarded: 1`` (a forwarded request is never forwarded again), FORWARD_TIMEOUT_S per peer; the
+first peer's 200 is the answer, as it is (its sessions' base_urls name that peer), else this replica's 429.
+Counted in ``asyncrl_gateway_groups_forwarded_total{outcome}``, one per peer tried.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx
 import uvicorn
 from asyncrl_workloads.gateway import messages_api, responses_api
 from asyncrl_workloads.gateway import service as service_mod
@@ -63,11 +72,28 @@ ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 409: "conflict_error",
     410: "gone_error", 413: "invalid_request_error", 429: "rate_limit_error",
 }  # fmt: skip
+FORWARDED_HEADER = "X-Asyncrl-Forwarded"
+"""Set on a group request one replica sends on to a peer: the peer answers it itself, never forwards it."""
+FORWARD_TIMEOUT_S = 2.0
+"""The most one peer may take to answer a forwarded group request (opening a group does not wait on the
+engine); past it the next peer is tried."""
 
 
 class GatewayApp:
-    def __init__(self, gateway: service_mod.Gateway, admin_key: str, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        gateway: service_mod.Gateway,
+        admin_key: str,
+        max_body_bytes: int,
+        forward_timeout_s: float = FORWARD_TIMEOUT_S,
+    ) -> None:
         self.g, self.admin_key, self.max_body = gateway, admin_key, max_body_bytes
+        self.forward_timeout_s = forward_timeout_s
+        # Peers are pods of the same job: no proxy from the environment, no redirects.
+        self.peer_client = httpx.AsyncClient(
+            timeout=forward_timeout_s, trust_env=False, follow_redirects=False
+        )
+        self._failing: set[int] = set()
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/rl/groups", self._admin("groups", self.groups), methods=["POST"]),
@@ -160,12 +186,60 @@ class GatewayApp:
         return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
 
     def _admin(self, route: str, handler: Callable[[dict[str, Any]], Awaitable[Response]]) -> Any:
+        """An admin route; a group it cannot admit (429) goes to the peers unless it came from one."""
+
         async def call(request: Request) -> Response:
             if not self._is_admin(request):
                 raise SessionError(401, "missing or invalid admin key", "invalid_api_key")
-            return await handler(await self._body(request))
+            body = await self._body(request)
+            try:
+                return await handler(body)
+            except SessionError as exc:
+                if exc.status != 429 or request.headers.get(FORWARDED_HEADER):
+                    raise
+                answer = await self._forward(request.url.path, body, request.headers["authorization"])
+                if answer is None:
+                    raise
+                return answer
 
         return self._route(route, call)
+
+    async def _forward(self, path: str, body: dict[str, Any], authorization: str) -> Response | None:
+        """The first peer's 200 to the same request, as it is; None when every peer refused or failed."""
+        content = json.dumps(body).encode()
+        headers = {
+            "Authorization": authorization, "Content-Type": "application/json", FORWARDED_HEADER: "1",
+        }  # fmt: skip
+        for ordinal, url in self.g.peers():
+            try:
+                answer = await asyncio.wait_for(
+                    self.peer_client.post(url + path, content=content, headers=headers),
+                    self.forward_timeout_s,
+                )
+            except (httpx.HTTPError, httpx.InvalidURL, TimeoutError) as exc:
+                self._peer_failed(ordinal, url, type(exc).__name__)
+                continue
+            if answer.status_code == 200:
+                self._failing.discard(ordinal)
+                self.g.m.gateway_groups_forwarded["admitted"].inc()
+                media = answer.headers.get("content-type", "application/json")
+                return Response(answer.content, status_code=200, media_type=media)
+            if answer.status_code == 429:
+                self._failing.discard(ordinal)
+                self.g.m.gateway_groups_forwarded["refused"].inc()
+            else:
+                self._peer_failed(ordinal, url, f"HTTP {answer.status_code}")
+        return None
+
+    def _peer_failed(self, ordinal: int, url: str, why: str) -> None:
+        """Counted every time; logged when the peer starts failing (a request's headers are never logged)."""
+        self.g.m.gateway_groups_forwarded["error"].inc()
+        if ordinal not in self._failing:
+            self._failing.add(ordinal)
+            log.warning("gateway peer %d (%s) did not take a forwarded group: %s", ordinal, url, why)
+
+    async def aclose(self) -> None:
+        await self.peer_client.aclose()
 
     def _user(self, route: str, handler: Callable[[Session, dict[str, Any]], Awaitable[Response]]) -> Any:
         async def call(request: Request) -> Response:
@@ -430,4 +504,5 @@ async def serve(
         aborted = app.g.abort_open()
         if aborted:
             log.info("stopping: %d open gateway sessions aborted (not published)", aborted)
+        await app.aclose()
         await abort()

@@ -13,7 +13,8 @@ version, as in the rollout's own agent loop.
 Admission: a group (``n`` sessions of one record) takes one slot of the rollout worker's admission
 (``RolloutWorker.start_group``: ``maxInflightPrompts`` and the staleness bound); refused, the caller
 answers 429 with Retry-After. The group's trajectories reach the worker, which scores and publishes them
-like its own, when every session has ended or expired.
+like its own, when every session has ended or expired. Each replica admits only its own share, so a refused
+request is first offered to the peer replicas (``peers``: their URLs; ``http.GatewayApp`` forwards).
 """
 
 from __future__ import annotations
@@ -80,6 +81,14 @@ class GatewaySettings:
     hosted_tools: str = "drop"
     """Responses API tools the gateway cannot run (web_search, ...): drop (left out of what the model
     sees, counted, named in a header) or refuse (400) - spec.agent.gateway.hostedTools."""
+    replica: int = 0
+    """This replica's ordinal (ASYNCRL_REPLICA): left out of its own peers."""
+    peer_url: str = ""
+    """Where the peer replicas' gateways are (ASYNCRL_GATEWAY_PEER_URL), in one of two forms:
+    a template whose ``{replica}`` is a peer's ordinal (on a cluster:
+    ``http://<job>-rollout-{replica}.<job>-rollout.<namespace>.svc:<port>``), for any number of replicas;
+    or a comma-separated list of URLs indexed by ordinal (the local runner's, whose ports are not one
+    pattern). Empty: no peers, a refused group is answered 429 at once."""
 
 
 @dataclasses.dataclass
@@ -111,6 +120,21 @@ class Gateway:
         self.by_key: dict[str, sessions_mod.Session] = {}
         self.closed: dict[str, str] = {}
         self.tokenizer = parser.tokenizer
+        self._peer_turn = 0
+
+    def peers(self) -> list[tuple[int, str]]:
+        """(ordinal, base URL) of the peer replicas to offer a refused group, this replica left out, starting
+        one further on each call so forwarded groups spread. The count is the worker's admission's
+        (``members``: the replicas of the latest weight-sync plan), so a scaled job needs no new env."""
+        count = max(1, int(self.worker.admission.members))
+        ordinals = [i for i in range(count) if i != self.s.replica]
+        urls = dict(peer_urls(self.s.peer_url, ordinals))
+        ordinals = [i for i in ordinals if i in urls and urls[i].rstrip("/") != self.s.public_url]
+        if not ordinals:
+            return []
+        start = self._peer_turn % len(ordinals)
+        self._peer_turn += 1
+        return [(i, urls[i]) for i in ordinals[start:] + ordinals[:start]]
 
     # ---- admin: groups and sessions -----------------------------------------------------------
     def open_group(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -456,6 +480,18 @@ class Prepared:
     call_id: str = ""
     """The id the call will be recorded under; set by a face that must name it before it is generated
     (a stream's first event), otherwise made when it is recorded."""
+
+
+def peer_urls(peer_url: str, ordinals: list[int]) -> list[tuple[int, str]]:
+    """(ordinal, URL) of each of ``ordinals`` that ``peer_url`` names (``GatewaySettings.peer_url``'s two
+    forms; a list names only as many replicas as it has URLs)."""
+    peer_url = peer_url.strip()
+    if not peer_url:
+        return []
+    if "{replica}" in peer_url:
+        return [(i, peer_url.replace("{replica}", str(i)).rstrip("/")) for i in ordinals]
+    urls = [u.strip().rstrip("/") for u in peer_url.split(",")]
+    return [(i, urls[i]) for i in ordinals if i < len(urls) and urls[i]]
 
 
 def _validate(model: type[pydantic.BaseModel], body: Mapping[str, Any], supported: set[str]) -> Any:

@@ -8,7 +8,8 @@ pod's DNS name. Locally the runner stands in for all three: the key is the envir
 ASYNCRL_GATEWAY_ADMIN_KEY, or a fresh random one per run, and it is what the Secret's `secretKeyRef`
 resolves to (`secrets`); the front URL (`front`, http://127.0.0.1:<spec port>) spreads requests over the
 replicas as the Service does; replica i serves on spec port + 1 + i (the replicas share one host), at
-http://127.0.0.1:<that port>, the URL its sessions carry.
+http://127.0.0.1:<that port>, the URL its sessions carry. Its peers (for the groups it cannot admit) are
+every replica's URL, as a comma-separated list indexed by ordinal (ASYNCRL_GATEWAY_PEER_URL).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ URL_ENV = config.GATEWAY_URL_ENV
 """A rollout replica's base URL as agents reach it (rollout/main.py hands it out with each session)."""
 PORT_ENV = config.GATEWAY_PORT_ENV
 """A rollout replica's gateway port (rollout/main.py: overrides spec.agent.gateway.port)."""
+PEER_URL_ENV = config.GATEWAY_PEER_URL_ENV
+"""The replicas' URLs, comma-separated by ordinal (gateway/service.py's GatewaySettings.peer_url)."""
 INFO_FILE = "gateway.json"
 AGENT_SCRIPT = "examples/agents/lookup_agent.py"
 
@@ -66,8 +69,13 @@ class LocalGateway:
         return [self.base_port, *(self.port(r) for r in range(self.replicas))]
 
     def pod_env(self, replica: int) -> dict[str, str]:
-        """What a local rollout replica gets instead of the pod's DNS name and the spec's port."""
-        return {PORT_ENV: str(self.port(replica)), URL_ENV: self.url(replica)}
+        """What a local rollout replica gets instead of the pod's DNS name, the spec's port and the peers'
+        DNS template (local ports are not one pattern of the ordinal: a list)."""
+        return {
+            PORT_ENV: str(self.port(replica)),
+            URL_ENV: self.url(replica),
+            PEER_URL_ENV: ",".join(self.urls),
+        }
 
     def secrets(self) -> dict[tuple[str, str], str]:
         """The local stand-in for the admin key's Secret, for `pods.container_env`'s secretKeyRef."""

@@ -173,6 +173,7 @@ def _is_gateway(cfg: config_mod.JobConfig) -> bool:
 ADMIN_KEY_ENV = config_mod.GATEWAY_ADMIN_KEY_ENV
 URL_ENV = config_mod.GATEWAY_URL_ENV
 PORT_ENV = config_mod.GATEWAY_PORT_ENV
+PEER_URL_ENV = config_mod.GATEWAY_PEER_URL_ENV
 
 
 def gateway_parts(cfg: config_mod.JobConfig) -> tuple[str, socket.socket]:
@@ -195,7 +196,7 @@ def gateway_parts(cfg: config_mod.JobConfig) -> tuple[str, socket.socket]:
 
 
 def gateway_settings(
-    cfg: config_mod.JobConfig, max_model_len: int, stop_ids: list[int], port: int
+    cfg: config_mod.JobConfig, max_model_len: int, stop_ids: list[int], port: int, replica: int = 0
 ) -> gateway_service.GatewaySettings:
     spec = cfg.spec
     assert spec.agent is not None and spec.agent.gateway is not None
@@ -215,6 +216,8 @@ def gateway_settings(
         max_episode_tokens=spec.agent.max_episode_tokens,
         stop_token_ids=tuple(stop_ids),
         hosted_tools=gw.hosted_tools,
+        replica=replica,
+        peer_url=os.environ.get(PEER_URL_ENV, ""),
     )
 
 
@@ -357,7 +360,9 @@ async def _generate(
         if gateway_sock is not None and gateway_key is not None and parts is not None:
             assert isinstance(formatter, chat_mod.ChatFormat)  # spec rule: agent needs data.format chat
             gateway = gateway_service.Gateway(
-                gateway_settings(cfg, settings.max_model_len, parts[1], gateway_sock.getsockname()[1]),
+                gateway_settings(
+                    cfg, settings.max_model_len, parts[1], gateway_sock.getsockname()[1], replica
+                ),
                 engine, formatter, parts[0], worker, bound,
             )  # fmt: skip
             assert spec.agent is not None and spec.agent.gateway is not None

@@ -200,3 +200,31 @@ def test_after_a_stop_a_gateway_that_is_gone_gets_a_few_seconds_not_connect_wait
     else:
         raise AssertionError("an abort reached a gateway that is not there")
     assert time.monotonic() - started < 10
+
+
+def test_after_a_stop_a_gateway_that_answers_a_byte_at_a_time_gets_the_grace_not_the_request_timeout(
+    tmp_path: pathlib.Path, monkeypatch: Any
+) -> None:
+    """The grace bounds each closing call too: a gateway trickling its answer forever is cut at
+    STOP_GRACE_S, not at REQUEST_TIMEOUT_S (30 s)."""
+    import asyncio
+    import time
+
+    from asyncrl_testing import fault_server
+
+    monkeypatch.setattr(agentdriver, "STOP_GRACE_S", 1.0)
+    with fault_server.serve(fault_server.DRIP) as faults:
+        driver = _driver(tmp_path, connect_wait=600.0)
+
+        async def stop_then_end() -> None:
+            driver.stop()
+            await driver.call(f"{faults.base_url}/sessions/s1/rl/end", "k")
+
+        started = time.monotonic()
+        try:
+            asyncio.run(stop_then_end())
+        except agentdriver.GatewayError as exc:
+            assert "/rl/end" in str(exc)
+        else:
+            raise AssertionError("a dripping gateway answered")
+        assert time.monotonic() - started < 8 and len(faults.arrivals) >= 1

@@ -173,7 +173,10 @@ class Driver:
         deadline = time.monotonic() + self.args.connect_wait
         while True:
             try:
-                status, payload, wait = await asyncio.to_thread(post, url, key, body, REQUEST_TIMEOUT_S)
+                timeout = REQUEST_TIMEOUT_S
+                if self.stopping.is_set():  # a gateway trickling its answer gets no more than the grace
+                    timeout = min(timeout, max(0.1, self.stopped_at + STOP_GRACE_S - time.monotonic()))
+                status, payload, wait = await asyncio.to_thread(post, url, key, body, timeout)
             except (OSError, TimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise GatewayError(f"{url}: {exc}") from None

@@ -342,7 +342,10 @@ def run(cfg: config_mod.JobConfig) -> None:
     state = loop.State()
     if latest is not None:
         directory, meta = latest
-        checkpointer.load(directory, backend)
+        try:
+            checkpointer.load(directory, backend)
+        except backend_mod.Unsupported as exc:  # e.g. a megatron offload checkpoint: one line for describe
+            raise StartupError(str(exc)) from exc
         state.step = int(meta["step"])
         log.info("resumed from %s (step %d)", directory, state.step)
     settings = loop.LoopSettings(max_steps=spec.max_steps, sync_every_steps=spec.async_.sync_every_steps)

@@ -130,13 +130,21 @@ def test_ppo_with_a_critic_fits_its_values_and_resumes_it_from_a_checkpoint(tiny
         after_saved, after_resumed = run["last"]
         for key in ("value_loss", "loss", "grad_norm", "critic_grad_norm"):
             assert after_resumed[key] == pytest.approx(after_saved[key], rel=1e-5), key
-    # the global gradient norm is the same on every rank (value_loss is rank-local: its own rows); the
-    # weights agree up to float reduction order, which Adam at lr 1e-2 amplifies to ~2e-4 in four steps
-    for a, b in zip(one["steps"], two["steps"], strict=True):
-        assert a["critic_grad_norm"] == pytest.approx(b["critic_grad_norm"], rel=1e-4)
-    assert all(
-        torch.allclose(one["critics"][0][k], two["critics"][0][k], atol=1e-3) for k in one["critics"][0]
+    # The global gradient norm is the same on every rank (value_loss is rank-local: its own rows), and
+    # the weights agree up to float reduction order, with one exception Adam makes. A parameter whose
+    # gradient was exactly 0 until now moves by about lr/2 in the sign of its first nonzero gradient,
+    # whatever its size; here one embedding element's first gradient, in step 4, is a cancellation
+    # (-6.8e-7 on one rank, +1.0e-7 on two, with x - logsumexp(x) for the head's log-softmax;
+    # -1.1e-6 and -6.2e-7 with torch.log_softmax), so the two runs may step it ~lr/2 apart and the
+    # fourth step's norms differ by ~1e-4: that element ends at most one Adam step (lr, 1e-2) apart, and
+    # everything else agrees to ~1e-4.
+    for a, b in zip(one["steps"][:3], two["steps"][:3], strict=True):
+        assert a["critic_grad_norm"] == pytest.approx(b["critic_grad_norm"], rel=1e-5)
+    assert one["steps"][3]["critic_grad_norm"] == pytest.approx(two["steps"][3]["critic_grad_norm"], rel=1e-3)
+    diffs = torch.cat(
+        [(one["critics"][0][k] - two["critics"][0][k]).abs().flatten() for k in one["critics"][0]]
     )
+    assert int((diffs > 1e-3).sum()) <= 2 and float(diffs.max()) < 1e-2, sorted(diffs.tolist())[-4:]
 
 
 # --- the trainer process: crash between step and ack, resume, nothing trained twice -------------

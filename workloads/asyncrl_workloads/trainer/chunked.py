@@ -18,11 +18,35 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
 
 from asyncrl_workloads.trainer.algorithms import regularizers
+
+
+class _TargetLogprob(torch.autograd.Function):
+    """log_softmax(x)[n, target[n]] per row, its backward in one (N, V) buffer.
+
+    log_softmax + gather keep the (N, V) log-softmax for backward and make two more (N, V) tensors
+    there (the gather's dense gradient, then the log-softmax's): with the recomputed logits, three
+    chunk-sized copies at once, the step's peak on a large vocabulary (bench_memory.py). Here forward
+    keeps x and the (N,) log-sum-exp, and backward writes g * (onehot(target) - softmax(x)) into one
+    new buffer."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # (N, V), (N,)
+        lse = torch.logsumexp(x, dim=-1)  # (N,)
+        ctx.save_for_backward(x, targets, lse)
+        return x.gather(-1, targets[:, None]).squeeze(-1) - lse  # (N,)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # (N,)
+        x, targets, lse = ctx.saved_tensors
+        out = x.sub(lse[:, None]).exp_()  # (N, V): softmax(x)
+        out.mul_(-grad[:, None]).scatter_add_(-1, targets[:, None], grad[:, None])
+        return out, None
 
 
 def _head_logprobs(
@@ -37,9 +61,10 @@ def _head_logprobs(
     logits = head(hidden).float()  # (N, V)
     if softcap:  # gemma's final_logit_softcapping, as transformers applies it after the head
         logits = torch.tanh(logits / softcap) * softcap
-    scaled = logits / temperature  # (N, V)
-    logp = torch.log_softmax(scaled, dim=-1)  # (N, V)
-    picked = logp.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
+    # In place: the head's output is a fresh tensor nothing saved for backward, and a second (N, V)
+    # copy alive beside it and the log-softmax would be the chunk's peak (bench_memory.py).
+    scaled = logits.div_(temperature) if temperature != 1.0 else logits  # (N, V)
+    picked: torch.Tensor = _TargetLogprob.apply(scaled, targets)  # type: ignore[no-untyped-call]  # (N,)
     ent = regularizers.entropy_from_logits(scaled) if entropy else picked.new_zeros(0)  # (N,)
     return picked, ent
 

@@ -332,8 +332,9 @@ class MemorySpec(base.APIModel):
     also split over tensor-parallel ranks, its vocabulary-parallel log-softmax)."""
     packing: bool = False
     """Pack each micro-batch's sequences into one row without padding (fsdp2): position ids restart at
-    each sequence, and transformers' attention keeps the sequences apart (varlen flash-attention on GPU,
-    a block-diagonal causal mask with sdpa on CPU); batch.microBatchTokens then counts real tokens. The
+    each sequence, and attention takes the sequences' lengths instead of a mask (flash-attention's varlen
+    kernel where flash-attn is installed, else one causal sdpa call per sequence); batch.microBatchTokens
+    then counts real tokens. The
     same log-probabilities and gradients as the padded rows; megatron refuses it (its CPU attention
     takes no packed sequences and its GPU path is not built for them)."""
     offload: bool = False

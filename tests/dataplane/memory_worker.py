@@ -6,7 +6,7 @@ Every rank builds the backend under each setting of SETTINGS (activation checkpo
 chunked 7 tokens at a time, packing, and combinations) and, on its share of a fixed batch, computes
 the response log-probs and entropy, then the full gradients of a fixed weighting of both; it counts
 how often the first decoder layer's attention and the language-model head run and the most rows the
-head saw at once.
+head saw at once, and records each of torch's attention calls' query length and mask shape.
 Then one full step (two optimizer updates, micro-batches of 64 tokens) with every setting off and
 every setting on. Rank 0 saves
 all of it to OUT_FILE.
@@ -59,10 +59,23 @@ def gradients(b: backend.FSDP2Backend) -> dict[str, Any]:
     head: Any = b.model.lm_head
     head.register_forward_pre_hook(on_head)
     mine, _ = b._shard(fsdp_step_worker.batch())
-    logp, entropy = b._response_logprobs(mine, entropy=True)  # (B, R) each
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls: list[tuple[int, tuple[int, ...] | None]] = []  # (query length, the mask's shape or None)
+
+    def recording(query: torch.Tensor, *args: Any, attn_mask: Any = None, **kwargs: Any) -> torch.Tensor:
+        calls.append((query.shape[-2], tuple(attn_mask.shape) if attn_mask is not None else None))
+        return sdpa(query, *args, attn_mask=attn_mask, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = recording
+    try:
+        logp, entropy = b._response_logprobs(mine, entropy=True)  # (B, R) each
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
     assert entropy is not None
     weights = torch.linspace(-1.0, 1.0, logp.numel()).reshape(logp.shape)  # (B, R)
     ((logp * weights).sum() + 0.3 * entropy.sum()).backward()
+    counts["sdpa"] = calls
+    counts["lengths"] = [len(t.prompt_ids) + len(t.response_ids) for t in mine]
     grads = {}
     for name, p in b.model.named_parameters():
         assert p.grad is not None, name

@@ -80,6 +80,54 @@ def test_packing_runs_one_unpadded_row(runs):
     assert runs["packed"]["counts"]["head_rows"] < runs["plain"]["counts"]["head_rows"]
 
 
+def test_a_packed_row_attends_one_sequence_at_a_time_without_a_mask(runs):
+    # transformers' sdpa path would make one (row x row) block-diagonal mask per forward; packing.py
+    # calls torch's attention once per sequence per layer, causally, with no mask at all
+    counts, plain = runs["packed"]["counts"], runs["plain"]["counts"]
+    layers = 2  # the tiny model's
+    assert [q for q, _ in counts["sdpa"]] == counts["lengths"] * layers
+    assert all(m is None for _, m in counts["sdpa"])
+    assert any(m is not None for _, m in plain["sdpa"])  # the padded batch: sdpa's padding mask
+
+
+@pytest.mark.parametrize("window", [3, 1000])
+def test_packed_attention_keeps_a_sliding_window_inside_each_sequence(tmp_path, window):
+    """gemma3's local layers on packed rows (packing.py) give the padded batch's hidden states: the
+    window applies within each sequence, longer ones (9 tokens vs a window of 3) through a banded mask."""
+    import transformers
+    from asyncrl_workloads import tinymodel
+    from asyncrl_workloads.trainer import packing
+
+    path = tinymodel.create_tiny_model(tmp_path / "gemma3", architecture="gemma3", num_layers=3)
+    config = transformers.AutoConfig.from_pretrained(path)
+    config.sliding_window = window
+    padded = transformers.AutoModelForCausalLM.from_pretrained(
+        path, config=config, attn_implementation="sdpa"
+    )
+    packed = transformers.AutoModelForCausalLM.from_pretrained(
+        path, config=config, attn_implementation=packing.implementation(torch.device("cpu"))
+    )
+    gen = torch.Generator().manual_seed(0)
+    lengths = [9, 2, 6, 1]
+    seqs = [torch.randint(4, 90, (n,), generator=gen) for n in lengths]
+    ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)], attention[row, : len(seq)] = seq, 1
+    want = padded.model(input_ids=ids, attention_mask=attention).last_hidden_state  # (B, L, H)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, T)
+    got = packed.model(
+        input_ids=torch.cat(seqs)[None], position_ids=positions, **packing.row_kwargs(lengths, ids.device)
+    ).last_hidden_state  # (1, T, H)
+    start = 0
+    for row, n in enumerate(lengths):
+        torch.testing.assert_close(got[0, start : start + n], want[row, :n], rtol=1e-5, atol=1e-5)
+        start += n
+    # and the same without the lengths: the restarting position ids split the row
+    bare = packed.model(input_ids=torch.cat(seqs)[None], position_ids=positions).last_hidden_state
+    torch.testing.assert_close(bare, got, rtol=0, atol=0)
+
+
 def test_a_whole_step_with_every_setting_on_equals_the_step_with_all_off(runs):
     off, on = runs["step_plain"], runs["step_all"]
     assert math.isclose(off["metrics"]["loss"], on["metrics"]["loss"], rel_tol=1e-5, abs_tol=1e-7)

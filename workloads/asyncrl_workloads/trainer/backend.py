@@ -46,7 +46,7 @@ import torch
 import torch.distributed.fsdp.sharded_grad_scaler
 
 from asyncrl_workloads.bus import trajectory as trajectory_mod
-from asyncrl_workloads.trainer import advantage, fsdp, loss, precision
+from asyncrl_workloads.trainer import advantage, fsdp, loss, packing, precision
 from asyncrl_workloads.trainer import lora as lora_mod
 from asyncrl_workloads.trainer.algorithms import aggregation, regularizers, shaping
 from asyncrl_workloads.trainer.algorithms import value as value_mod
@@ -218,8 +218,14 @@ class FSDP2Backend(TrainerBackend):
         with `critic` (a model directory), that model with a new one-output token head (transformers'
         *ForTokenClassification, verl's critic) instead of the language-model head."""
         if critic is None:
+            # Packed rows need attention that takes the sequences' lengths instead of a dense mask.
+            attention = (
+                {"attn_implementation": packing.implementation(self.world.device)}
+                if self.settings.memory.packing
+                else {}
+            )
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                self.settings.model_path, dtype=torch.float32
+                self.settings.model_path, dtype=torch.float32, **attention
             )
         else:
             model = transformers.AutoModelForTokenClassification.from_pretrained(
@@ -298,17 +304,17 @@ class FSDP2Backend(TrainerBackend):
         self, module: torch.nn.Module, trajs: list[trajectory_mod.Trajectory], entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """_response_logprobs with the sequences packed into one row (spec.trainer.memory.packing): no
-        padding, no attention mask; position ids restart at each sequence, which transformers' attention
-        turns into separate sequences (flash-attention's varlen path on GPU, a block-diagonal causal
-        mask with sdpa/eager). Positions across a boundary predict the next sequence's first token and
-        are never read."""
+        padding, no attention mask; position ids restart at each sequence, and the sequences' lengths
+        split the row for attention (trainer/packing.py: flash-attention's varlen kernel or one sdpa
+        call per sequence, never a (T, T) mask). Positions across a boundary predict the next
+        sequence's first token and are never read."""
         seqs = [t.prompt_ids + t.response_ids for t in trajs]
         dev = self.world.device
         flat = [tok for s in seqs for tok in s]
         input_ids = torch.tensor(flat, dtype=torch.long, device=dev)[None]  # (1, T)
         positions = torch.cat([torch.arange(len(s)) for s in seqs]).to(dev)[None]  # (1, T)
         token_logp, token_entropy = fsdp.token_logprobs(
-            module, input_ids, None, self.settings.temperature, entropy, positions
+            module, input_ids, None, self.settings.temperature, entropy, positions, [len(s) for s in seqs]
         )  # (1, T-1) each
         width = max(len(t.response_ids) for t in trajs)
         rows, start = [], 0

@@ -37,7 +37,7 @@ import torch.distributed.fsdp
 import torch.distributed.tensor
 import torch.utils.checkpoint
 
-from asyncrl_workloads.trainer import chunked
+from asyncrl_workloads.trainer import chunked, packing
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,19 @@ def _token_logprobs_method(memory: Memory) -> Any:
         temperature: float,
         entropy: bool,
         position_ids: torch.Tensor | None = None,
+        lengths: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, L-1) logprob of token i+1 at position i, and with ``entropy`` the (B, L-1) entropy,
-        from the base model's final hidden states and the head applied chunk by chunk. Packed rows:
-        no attention mask, ``position_ids`` restarting at each sequence."""
+        from the base model's final hidden states and the head applied chunk by chunk. A packed row
+        (B = 1): no attention mask, ``position_ids`` restarting at each sequence, ``lengths`` its
+        sequences' lengths (trainer/packing.py: attention per sequence, no (L, L) mask)."""
+        row = packing.row_kwargs(lengths, input_ids.device) if lengths else {}
         hidden = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **row,
         )
         states = hidden.last_hidden_state[:, :-1]  # (B, L-1, H)
         softcap = getattr(self.config, "final_logit_softcapping", None)
@@ -171,11 +178,12 @@ def token_logprobs(
     temperature: float,
     entropy: bool,
     position_ids: torch.Tensor | None = None,
+    lengths: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model's (B, L-1) token logprobs (and entropy) through its ``token_logprobs`` method."""
     method = getattr(model, LOGPROB_METHOD)
     out: tuple[torch.Tensor, torch.Tensor | None] = method(
-        input_ids, attention_mask, temperature, entropy, position_ids
+        input_ids, attention_mask, temperature, entropy, position_ids, lengths
     )
     return out
 

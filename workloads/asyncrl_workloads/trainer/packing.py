@@ -18,6 +18,7 @@ mask and call unchanged. Values equal the padded path's (tests/dataplane/test_me
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from typing import Any
 
 import torch
@@ -26,13 +27,19 @@ NAME = "asyncrl_packed_sdpa"
 """The attention implementation this module registers with transformers."""
 
 
+LENGTHS = "asyncrl_packed_lengths"
+"""The keyword ``row_kwargs`` adds beside flash-attention's: the lengths as Python ints, read here
+without a device-to-host copy per layer (and under FakeTensorMode, where tensors hold no values)."""
+
+
 def _segments(query: torch.Tensor, kwargs: dict[str, Any]) -> list[tuple[int, int]] | None:
-    """[start, end) of each sequence in the packed row, from flash-attention's ``cu_seq_lens_q`` or,
-    without it, from where ``position_ids`` restart; None when neither is given (one sequence)."""
+    """[start, end) of each sequence in the packed row, from ``row_kwargs``'s lengths, flash-attention's
+    ``cu_seq_lens_q``, or where ``position_ids`` restart; None when none is given (one sequence)."""
+    lengths = kwargs.get(LENGTHS)
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is not None:
-        bounds = [int(b) for b in cu.tolist()]
-        return list(zip(bounds[:-1], bounds[1:], strict=True))
+    if lengths is not None or cu is not None:
+        bounds = [0, *itertools.accumulate(lengths)] if lengths is not None else [int(b) for b in cu.tolist()]
+        return list(zip(bounds[:-1], bounds[1:], strict=False))
     positions = kwargs.get("position_ids")
     if positions is None or query.shape[0] != 1:
         return None
@@ -116,4 +123,5 @@ def row_kwargs(lengths: list[int], device: torch.device) -> dict[str, Any]:
     transformers' varlen path and ``attention`` above read instead of a mask."""
     cu = torch.tensor([0, *lengths], device=device).cumsum(0, dtype=torch.int32)  # (S+1,)
     longest = max(lengths)
-    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    flash = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    return {**flash, LENGTHS: tuple(lengths)}

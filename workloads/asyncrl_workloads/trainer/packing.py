@@ -37,8 +37,11 @@ def _segments(query: torch.Tensor, kwargs: dict[str, Any]) -> list[tuple[int, in
     ``cu_seq_lens_q``, or where ``position_ids`` restart; None when none is given (one sequence)."""
     lengths = kwargs.get(LENGTHS)
     cu = kwargs.get("cu_seq_lens_q")
-    if lengths is not None or cu is not None:
-        bounds = [0, *itertools.accumulate(lengths)] if lengths is not None else [int(b) for b in cu.tolist()]
+    if lengths is not None:
+        bounds = [0, *itertools.accumulate(lengths)]
+        return list(zip(bounds[:-1], bounds[1:], strict=False))
+    if cu is not None:
+        bounds = [int(b) for b in cu.tolist()]
         return list(zip(bounds[:-1], bounds[1:], strict=False))
     positions = kwargs.get("position_ids")
     if positions is None or query.shape[0] != 1:

@@ -31,22 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import pathlib
-import socket
 import subprocess
-import sys
 import textwrap
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from asyncrl_testing import ncclround
+from asyncrl_testing.ncclround import GPUS_NEEDED, job_config, next_event, order, port_pair
 
 if TYPE_CHECKING:
     from asyncrl_api import config
 
-GPUS_NEEDED = 2
 pytestmark = [
     pytest.mark.dataplane,
     pytest.mark.gpu,
@@ -56,7 +54,6 @@ pytestmark = [
         "and the engine worker on one GPU in one communicator (Duplicate GPU detected)",
     ),
 ]
-PEER = pathlib.Path(__file__).with_name("weightsync_peer.py")
 ROUND_S = 300.0
 LORA = {"rank": 8, "alpha": 16.0, "targetModules": ["q_proj", "v_proj", "down_proj"]}
 
@@ -103,60 +100,6 @@ LORA_SENDER = textwrap.dedent("""
 driven like weightsync_peer.py's sender role (orders on stdin, JSON events on stdout)."""
 
 
-def port_pair() -> int:
-    """A free port whose neighbour is free too (nccl.group_port: vLLM's rendezvous listens on port + 1)."""
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        if port < 65534:
-            return port
-
-
-def job_config(model: pathlib.Path, port: int, lora: dict[str, Any] | None = None) -> config.JobConfig:
-    from asyncrl_api import config
-    from asyncrl_testing import jobs
-
-    spec = jobs.deep_merge(
-        jobs.BASE_SPEC,
-        {
-            "model": {"path": str(model), "dtype": "bfloat16"},
-            "rollout": {
-                "replicas": 1,
-                "gpusPerReplica": 1,
-                "engine": {"gpuMemoryUtilization": 0.3, "enforceEager": True},
-            },
-            "trainer": {"replicas": 1, "gpusPerReplica": 1, **({"lora": lora} if lora else {})},
-            "weightSync": {"backend": "nccl", "port": port, "timeoutSeconds": 120, "bucketMB": 1},
-        },
-    )
-    endpoints = config.Endpoints(
-        nats_url="nats://127.0.0.1:4222", trainer_host="127.0.0.1", weight_sync_port=port
-    )
-    return config.JobConfig(name="nccl", namespace="ns", spec=spec, endpoints=endpoints)
-
-
-def second_gpu() -> str:
-    """The second visible GPU in the names CUDA_VISIBLE_DEVICES already uses, if it is set."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return visible.split(",")[1] if visible else "1"
-
-
-def next_event(proc: subprocess.Popen[str], kind: str) -> dict[str, Any]:
-    """The sender's next JSON event of ``kind`` (vLLM's log lines on the same stdout are skipped)."""
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith('{"event"'):
-            event: dict[str, Any] = json.loads(line)
-            if event["event"] == kind:
-                return event
-    raise AssertionError(f"the sender exited ({proc.wait()}) before {kind!r}")
-
-
 async def _two_rounds(cfg: config.JobConfig, trainer: subprocess.Popen[str]) -> None:
     import transformers
     from asyncrl_testing import vllm_round
@@ -186,12 +129,6 @@ async def _two_rounds(cfg: config.JobConfig, trainer: subprocess.Popen[str]) -> 
         assert synced[1]["checksum"] != synced[0]["checksum"]
     finally:
         engine.shutdown()
-
-
-def order(trainer: subprocess.Popen[str], version: int, **extra: Any) -> None:
-    assert trainer.stdin is not None
-    trainer.stdin.write(json.dumps({"version": version, "seed": version, **extra}) + "\n")
-    trainer.stdin.flush()
 
 
 async def _two_lora_rounds(cfg: config.JobConfig, trainer: subprocess.Popen[str]) -> None:
@@ -249,20 +186,13 @@ def start_sender(
     cfg: config.JobConfig, tmp_path: pathlib.Path, model: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> subprocess.Popen[str]:
     """Trainer rank 0 on the second GPU: the LoRA script for a LoRA job, else weightsync_peer.py's sender."""
-    from asyncrl_api import config
     from asyncrl_testing import vllm_round  # not at import: the skipped module stays cheap to collect
 
     monkeypatch.setenv(vllm_round.INSECURE_SERIALIZATION, "1")  # for engine_checksum's collective_rpc
     # The skip check initialised CUDA here: the engine's processes must not be forked from this one.
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    job_json = tmp_path / "job.json"
-    job_json.write_text(config.dumps(cfg))
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": second_gpu(), "PYTHONPATH": os.pathsep.join(sys.path)}
-    role = ["-c", LORA_SENDER] if cfg.spec.trainer.lora is not None else [str(PEER), "sender"]
-    return subprocess.Popen(
-        [sys.executable, *role, str(job_json), str(model)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    role = ["-c", LORA_SENDER] if cfg.spec.trainer.lora is not None else None
+    return ncclround.start_sender(cfg, tmp_path, model, role)
 
 
 def test_an_nccl_round_loads_into_a_cuda_engine_what_the_trainer_sent(

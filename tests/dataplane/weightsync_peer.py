@@ -14,9 +14,10 @@ for weightSync.backend nccl) sending the tiny model's weights perturbed by a see
     python weightsync_peer.py sender JOB_JSON MODEL_DIR
 
 Reads one JSON order a line on stdin, {"version": V, "seed": S, "dtype": "bfloat16"}, waits for a replica to
-say hello, syncs and prints {"event": "synced", "version", "members", "dropped", "generation", "checksum"}
-(``checksum.of`` what it sent); "listening" once its store is up. Lines that are not JSON (vLLM logs to
-stdout) are the reader's to skip.
+say hello, syncs and prints {"event": "synced", "version", "members", "dropped", "generation", "checksum",
+"nbytes", "transfer_s", "total_s"} (``checksum.of`` what it sent; the SyncReport's bytes, broadcast time
+and whole round, for tools/asyncrl_testing/bench_weightsync.py --backend nccl); "listening" once its
+store is up. Lines that are not JSON (vLLM logs to stdout) are the reader's to skip.
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def sender_main(job_json: str, model_dir: str) -> None:
         report = trainer.sync(order["version"], named)
         print(json.dumps({"event": "synced", "version": report.version, "members": report.members,
                           "dropped": report.dropped, "generation": report.generation,
-                          "checksum": checksum.of(named)}), flush=True)  # fmt: skip
+                          "checksum": checksum.of(named), "nbytes": report.nbytes,
+                          "transfer_s": report.transfer_seconds, "total_s": report.total_seconds}),
+              flush=True)  # fmt: skip
     trainer.close()
 
 

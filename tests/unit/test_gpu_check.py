@@ -55,3 +55,9 @@ def test_the_plan_holds_the_three_benchmarks_and_fits_ten_minutes(
     assert {"bench-agent-cuda", "bench-weightsync-nccl", "bench-memory-7b"} <= set(names)
     assert sum(int(budget) for _, budget in steps) <= 600
     assert "--hidden 3584" in dry_run.stdout  # 7B-class width
+
+
+def test_no_step_is_blocked_by_a_flag_its_script_lacks(dry_run: subprocess.CompletedProcess[str]) -> None:
+    blocked = [line for line in dry_run.stdout.splitlines() if "[blocked" in line]
+    assert not blocked, blocked  # bench-weightsync-nccl was, until bench_weightsync.py took --backend
+    assert re.search(r"bench_weightsync\.py --backend nccl ", dry_run.stdout)

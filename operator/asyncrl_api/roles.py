@@ -323,13 +323,15 @@ class MemorySpec(base.APIModel):
     forward of compute. fsdp2: torch.utils.checkpoint around every decoder layer; megatron: its full
     uniform recompute of every layer on GPU, torch.utils.checkpoint around every layer on CPU (megatron's
     recompute saves the CUDA RNG state)."""
-    logprob_chunk_tokens: int = pydantic.Field(default=4096, ge=0, le=1_048_576)
+    logprob_chunk_tokens: int | None = pydantic.Field(default=None, ge=0, le=1_048_576)
     """Log-probabilities and entropy are computed from the final hidden states this many tokens at a
     time (the language-model head, log-softmax and the token's pick per chunk, each chunk recomputed
     in backward), so [tokens x vocabulary] logits never exist for a whole micro-batch: for a 152k
-    vocabulary one 4096-token chunk holds 2.5 GB of float32 logits where a 16k-token micro-batch would
-    hold 10 GB. 0: the whole micro-batch's logits at once. Both backends (megatron: each chunk's logits
-    also split over tensor-parallel ranks, its vocabulary-parallel log-softmax)."""
+    vocabulary a 16k-token micro-batch's float32 logits would hold 10 GB. Unset: sized for the
+    vocabulary, as many tokens as keep one chunk's float32 logits within 512 MiB (4096 tokens at a 32k
+    vocabulary, 883 at Qwen's 152k; megatron: the vocabulary per tensor-parallel rank). 0: the whole
+    micro-batch's logits at once. Both backends (megatron: each chunk's logits also split over
+    tensor-parallel ranks, its vocabulary-parallel log-softmax)."""
     packing: bool = False
     """Pack each micro-batch's sequences into one row without padding (fsdp2): position ids restart at
     each sequence, and attention takes the sequences' lengths instead of a mask (flash-attention's varlen

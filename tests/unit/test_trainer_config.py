@@ -6,7 +6,7 @@ import json
 import socket
 
 import pytest
-from asyncrl_api import config
+from asyncrl_api import config, roles
 from asyncrl_testing import jobs
 from asyncrl_workloads.entrypoints import trainer as entry
 
@@ -227,3 +227,18 @@ def test_a_hub_id_as_model_path_says_how_to_save_it(tmp_path, capsys, monkeypatc
         "asyncrl-trainer: spec.model.path: no model at Qwen/Qwen3-8B (config.json missing)"
     )
     assert "huggingface-cli download Qwen/Qwen3-8B --local-dir /models/Qwen3-8B" in line
+
+
+def test_unset_log_prob_chunks_are_sized_for_the_vocabulary():
+    """spec.trainer.memory.logprobChunkTokens unset: one chunk's float32 logits within 512 MiB, whatever
+    the vocabulary; a set value (0 included: all at once) is taken as it is."""
+    from asyncrl_workloads.trainer import chunked
+
+    assert chunked.chunk_tokens(None, 32_000) == 4194  # llama-2's vocabulary
+    assert chunked.chunk_tokens(None, 151_936) == 883  # qwen's
+    for vocab in (32_000, 151_936, 262_144):
+        assert chunked.chunk_tokens(None, vocab) * vocab * 4 <= chunked.AUTO_CHUNK_BYTES
+    assert chunked.chunk_tokens(None, 10**9) == 64  # never fewer than 64 tokens a chunk
+    assert chunked.chunk_tokens(4096, 151_936) == 4096 and chunked.chunk_tokens(0, 151_936) == 0
+    spec = roles.MemorySpec()
+    assert spec.logprob_chunk_tokens is None

@@ -67,9 +67,9 @@ from typing import Any
 SETTINGS: dict[str, dict[str, Any]] = {
     "off": {"activation_checkpointing": False, "logprob_chunk_tokens": 0, "packing": False},
     "checkpointing": {"activation_checkpointing": True, "logprob_chunk_tokens": 0, "packing": False},
-    "chunked log-probs": {"activation_checkpointing": False, "logprob_chunk_tokens": 1024, "packing": False},
+    "chunked log-probs": {"activation_checkpointing": False, "logprob_chunk_tokens": None, "packing": False},
     "packing": {"activation_checkpointing": False, "logprob_chunk_tokens": 0, "packing": True},
-    "all on": {"activation_checkpointing": True, "logprob_chunk_tokens": 1024, "packing": True},
+    "all on": {"activation_checkpointing": True, "logprob_chunk_tokens": None, "packing": True},
 }
 """spec.trainer.memory per setting (offload is GPU-only: admission refuses it for a CPU trainer)."""
 
@@ -317,7 +317,13 @@ def main() -> int:
                 f"  (process {row['run_s']:.0f} s)",
                 flush=True,
             )
-    result = {"params": params, "shape": shape, "settings": SETTINGS, "rows": rows}
+    from asyncrl_workloads.trainer import chunked
+
+    # what logprob_chunk_tokens None (the spec's default) comes to on this vocabulary
+    result = {
+        "params": params, "shape": shape, "settings": SETTINGS, "rows": rows,
+        "chunk_tokens": chunked.chunk_tokens(None, shape["vocab"]),
+    }  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

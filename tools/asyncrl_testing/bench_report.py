@@ -625,9 +625,9 @@ def memory_section(
     setting, mode), the peak beside the issue's lower bound, what the peak held, the cross-check of
     fake against real where both ran, and the LoRA sync ratios."""
     shape, rows = res["shape"], res["rows"]
-    chunk = next(
+    chunk = res.get("chunk_tokens") or next(
         (s["logprob_chunk_tokens"] for s in res["settings"].values() if s["logprob_chunk_tokens"]), 0
-    )
+    )  # chunk_tokens: the default's size on this vocabulary (logprob_chunk_tokens None)
     lines = [
         "## Trainer memory and scale",
         "",
@@ -642,8 +642,9 @@ def memory_section(
         "FakeTensorMode tensors and torch's fake process group (shapes and storages, no FLOPs: no step "
         "time); **real**: real tensors on gloo, timed. Lower bound (the issue's): 16 B per parameter "
         "(weights, gradients, AdamW's two moments) + one decoder layer's activations, tokens × (4·hidden + "
-        f"3·MLP + 2·heads·head dim) × 4 B. Chunked log-probs: {chunk}-token chunks. Goal: peak ÷ bound ≤ 1.5 "
-        "with everything on.",
+        f"3·MLP + 2·heads·head dim) × 4 B. Chunked log-probs: {chunk}-token chunks"
+        f"{' (the default, sized for the vocabulary)' if res.get('chunk_tokens') else ''}. "
+        "Goal: peak ÷ bound ≤ 1.5 with everything on.",
         "",
         *(
             [f"Run {run['started_utc']} ({run['commit']}, {run['wall_s']} s): `{run['command']}`", ""]

@@ -49,6 +49,20 @@ class _TargetLogprob(torch.autograd.Function):
         return out, None
 
 
+AUTO_CHUNK_BYTES = 512 * 2**20
+"""spec.trainer.memory.logprobChunkTokens unset: one chunk's float32 logits stay within this."""
+
+
+def chunk_tokens(configured: int | None, vocabulary: int) -> int:
+    """spec.trainer.memory.logprobChunkTokens as set, or unset: as many tokens as keep one chunk's
+    float32 logits over ``vocabulary`` (the logits a rank holds) within AUTO_CHUNK_BYTES, at least 64.
+    A fixed token count would hold 2.3 GiB per chunk copy at Qwen's 152k vocabulary and 4096 tokens,
+    more than a decoder layer's activations (bench_memory.py), and backward holds two copies."""
+    if configured is not None:
+        return configured
+    return max(64, AUTO_CHUNK_BYTES // (4 * max(vocabulary, 1)))
+
+
 def _head_logprobs(
     head: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,  # (N, H)

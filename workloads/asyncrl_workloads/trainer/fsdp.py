@@ -51,8 +51,9 @@ class Memory:
 
     activation_checkpointing: bool = True
     """Recompute each decoder layer in backward instead of keeping its activations."""
-    logprob_chunk_tokens: int = 4096
-    """Tokens per language-model-head chunk in ``token_logprobs``; 0: all at once."""
+    logprob_chunk_tokens: int | None = None
+    """Tokens per language-model-head chunk in ``token_logprobs``; 0: all at once; None: sized for the
+    vocabulary (chunked.chunk_tokens)."""
     packing: bool = False
     """One unpadded row per micro-batch, position ids restarting per sequence (backend.py)."""
     offload: bool = False
@@ -165,7 +166,13 @@ def _token_logprobs_method(memory: Memory) -> Any:
         states = hidden.last_hidden_state[:, :-1]  # (B, L-1, H)
         softcap = getattr(self.config, "final_logit_softcapping", None)
         return chunked.token_logprobs(
-            states, self.lm_head, input_ids[:, 1:], temperature, memory.logprob_chunk_tokens, entropy, softcap
+            states,
+            self.lm_head,
+            input_ids[:, 1:],
+            temperature,
+            chunked.chunk_tokens(memory.logprob_chunk_tokens, self.config.vocab_size),
+            entropy,
+            softcap,
         )
 
     return method

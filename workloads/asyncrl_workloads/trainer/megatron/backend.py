@@ -44,7 +44,7 @@ import safetensors.torch
 import torch
 
 from asyncrl_workloads.bus import trajectory as trajectory_mod
-from asyncrl_workloads.trainer import backend, fsdp, precision
+from asyncrl_workloads.trainer import backend, chunked, fsdp, precision
 from asyncrl_workloads.trainer.algorithms import shaping
 from asyncrl_workloads.trainer.megatron import architecture, convert, grads, parallel
 from asyncrl_workloads.trainer.megatron import model as megatron_model
@@ -149,7 +149,9 @@ class MegatronBackend(backend.FSDP2Backend):
             self.arch.vocab_size,
             self.settings.temperature,
             entropy,
-            self.settings.memory.logprob_chunk_tokens,
+            chunked.chunk_tokens(
+                self.settings.memory.logprob_chunk_tokens, self.arch.vocab_size // self.settings.tp
+            ),
         )  # (B, L-1) each; right padding never reaches a real token (causal attention)
         if token_entropy is None:
             return backend.response_logprobs(token_logp.float(), trajs), None

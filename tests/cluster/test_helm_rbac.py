@@ -247,7 +247,17 @@ def test_operator_with_the_chart_token_reconciles_the_example_job(
         "the example job Running (pods scheduled on kwok GPU nodes)",
         timeout=120,
     )
-    assert status["rollout"]["readyReplicas"] == 2 and status["trainer"]["readyReplicas"] == 1
+    # Running needs one ready rollout, not all: kwok readies the second pod a moment later, so wait for both.
+    status = cluster_wait.wait_until(
+        lambda: job_status(kubectl, namespace),
+        lambda st: (
+            st.get("rollout", {}).get("readyReplicas") == 2
+            and st.get("trainer", {}).get("readyReplicas") == 1
+        ),
+        "both rollout replicas and the trainer ready",
+        timeout=60,
+    )
+    assert status["phase"] == "Running"
 
     # A failed rollout pod is replaced by the operator (pods: list + delete) and counted in status.
     pod = get(kubectl, "pod", f"{JOB}-rollout-0", "-n", namespace)

@@ -51,6 +51,9 @@ ARCHITECTURES = tuple(tinymodel.ARCHITECTURES)
 LORA_ARCHITECTURES = tuple(a for a in ARCHITECTURES if a not in task.CPU_LORA_REFUSED)
 KV_HEADS = {"qwen2": 1, "qwen3": 1, "qwen3_moe": 1, "gemma3": 1}
 """Grouped-query attention where the real models use it (2 query heads share one key/value head)."""
+TIED = ("qwen3",)
+"""Created with tied embeddings, as Qwen3 up to 4B is: the full round sends the matrix once (no
+lm_head.weight) and the engine's output head is still the trained embedding."""
 MODEL_TYPES = {"gemma3": "gemma3_text"}
 """spec.model.create.architecture -> the config's model_type, where they differ (gemma3 is text only)."""
 MAX_LORA_RANK = 8
@@ -64,7 +67,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
     root = tmp_path_factory.mktemp("architectures")
     return {
         arch: tinymodel.create_tiny_model(
-            root / arch, seed=0, architecture=arch, num_kv_heads=KV_HEADS.get(arch)
+            root / arch,
+            seed=0,
+            architecture=arch,
+            num_kv_heads=KV_HEADS.get(arch),
+            tie_word_embeddings=arch in TIED,
         )
         for arch in ARCHITECTURES
     }
@@ -145,7 +152,9 @@ def trainer_logprobs(
     import transformers
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    hf.load_state_dict(weights)
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
+    tied = hf.config.tie_word_embeddings  # the sync sends the embedding alone; transformers ties the head
+    assert not unexpected and missing == (["lm_head.weight"] if tied else []), (missing, unexpected)
     hf.eval()
     ids = prompt + response
     with torch.no_grad():
@@ -221,11 +230,13 @@ def test_the_created_models_are_the_architectures_they_name(models) -> None:
         config = transformers.AutoConfig.from_pretrained(path)
         assert config.model_type == MODEL_TYPES.get(arch, arch)
         assert config.num_key_value_heads == KV_HEADS.get(arch, config.num_attention_heads)
+        assert config.tie_word_embeddings == (arch in TIED)
     qwen3_moe = transformers.AutoConfig.from_pretrained(models["qwen3_moe"])
     assert qwen3_moe.num_experts == tinymodel.EXPERTS and qwen3_moe.num_experts_per_tok == 2
-    assert (
-        tinymodel.create_tiny_model(models["qwen3"], architecture="qwen3", num_kv_heads=1) == models["qwen3"]
+    again = tinymodel.create_tiny_model(
+        models["qwen3"], architecture="qwen3", num_kv_heads=1, tie_word_embeddings=True
     )
+    assert again == models["qwen3"]
     with pytest.raises(tinymodel.TinyModelError, match="different parameters"):
         tinymodel.create_tiny_model(models["qwen3"], architecture="qwen2", num_kv_heads=1)
 
@@ -239,14 +250,17 @@ def test_a_step_checkpoint_and_export_give_the_trained_weights(arch, models, tra
     weights, metrics = saved["weights"], saved["metrics"]
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
     base = transformers.AutoModelForCausalLM.from_pretrained(models[arch], dtype=torch.float32).state_dict()
-    assert set(weights) == set(base)
+    tied = {"lm_head.weight"} if arch in TIED else set()  # sent once, as the embedding
+    assert set(weights) == set(base) - tied
     assert not any(torch.equal(weights[n], base[n]) for n in weights if n.endswith("proj.weight"))
     assert (trained / arch / "ckpt" / "step-00000001" / "meta.json").is_file()
 
     exported = transformers.AutoModelForCausalLM.from_pretrained(trained / arch / "hf", dtype=torch.float32)
     assert exported.config.model_type == MODEL_TYPES.get(arch, arch)
     state = exported.state_dict()
-    assert set(state) == set(weights) and all(torch.equal(state[n], weights[n]) for n in weights)
+    assert set(state) == set(weights) | tied and all(torch.equal(state[n], weights[n]) for n in weights)
+    if tied:  # still tied after export: the head is the trained embedding
+        assert torch.equal(state["lm_head.weight"], weights["model.embed_tokens.weight"])
     on_disk = load_file(trained / arch / "hf" / "model.safetensors")  # checkpoint layout (unfused experts)
     assert ("model.layers.0.mlp.experts.0.gate_proj.weight" in on_disk) == (arch == "qwen3_moe")
 

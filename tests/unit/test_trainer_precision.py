@@ -135,3 +135,24 @@ def test_fsdp2_computes_in_the_chosen_dtype_over_float32_shards(
     kept = dict(fsdp.full_tensors(model))
     assert {t.dtype for t in kept.values()} == {FP32}
     assert all(torch.equal(sent[k], kept[k].to(BF16)) for k in kept)  # rounded once, from the masters
+
+
+def test_weight_sync_sends_tied_embeddings_once(world: fsdp.World) -> None:
+    """A tied model (Qwen3 up to 4B, Gemma 3) is one matrix that transformers' state dict names twice;
+    after FSDP2 it is still one parameter, so the sync payload (``tied_once``) holds it once, as the
+    embedding, while the state dict (checkpoint, export) keeps both names. An untied model loses nothing."""
+    import transformers
+
+    for tied in (True, False):
+        config = transformers.Qwen3Config(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+            num_key_value_heads=1, head_dim=32, tie_word_embeddings=tied,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        model = fsdp.shard(transformers.Qwen3ForCausalLM(config), world)
+        every = dict(fsdp.full_tensors(model))
+        sent = dict(fsdp.full_tensors(model, tied_once=True))
+        assert set(every) - set(sent) == ({"lm_head.weight"} if tied else set())
+        assert all(torch.equal(sent[k], every[k]) for k in sent)
+        if tied:
+            assert torch.equal(every["lm_head.weight"], sent["model.embed_tokens.weight"])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from asyncrl_workloads.weightsync import base, checksum, rendezvous
+from asyncrl_workloads.weightsync import base, checksum, rendezvous, tied
 
 
 def make_plan() -> base.Plan:
@@ -96,3 +96,26 @@ def test_peek_int_reads_a_counter_in_one_call_and_sees_decimal_sets() -> None:
     assert rendezvous.peek_int(store, rendezvous.PLAN_SEQ) == 7  # peeking does not count up
     store.add(rendezvous.HELLO_SEQ, 2)
     assert rendezvous.peek_int(store, rendezvous.HELLO_SEQ) == 2
+
+
+def test_a_tied_head_gets_the_embeddings_tensor_and_an_untied_one_nothing() -> None:
+    """weightsync/tied.py: a round that carried a tied matrix once (as the embedding) reloads it under
+    both names; a round that carried the head, or a model whose head has its own storage, is left as is."""
+
+    class Model(torch.nn.Module):
+        def __init__(self, tie: bool) -> None:
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.embed_tokens = torch.nn.Embedding(8, 4)
+            self.lm_head = torch.nn.Linear(4, 8, bias=False)
+            if tie:
+                self.lm_head.weight = self.model.embed_tokens.weight
+
+    embedding, layer = torch.ones(8, 4), torch.zeros(4, 4)
+    sent = [("model.embed_tokens.weight", embedding), ("model.layers.0.w", layer)]
+    named = tied.with_head(Model(tie=True), sent)
+    assert [n for n, _ in named] == ["model.embed_tokens.weight", "model.layers.0.w", "lm_head.weight"]
+    assert named[-1][1] is embedding and len(sent) == 2  # the received buffer itself; `sent` unchanged
+    assert tied.with_head(Model(tie=False), sent) == sent
+    both = [*sent, ("lm_head.weight", torch.ones(8, 4))]
+    assert tied.with_head(Model(tie=True), both) == both

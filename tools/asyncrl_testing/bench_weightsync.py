@@ -49,12 +49,13 @@ Not measured yet on a GPU machine.
 
 ``--lora`` (issue 43, item 7: LoRA payload and time over a full sync) measures the two payloads alone,
 without vLLM: the issue's Qwen3-shaped 192M model (bench_memory.py's shape), the full payload as the
-trainer builds it (``fsdp.full_tensors``, float32 as a CPU engine takes it) and the LoRA payload
-(``lora.adapter_tensors`` after ``lora.apply`` with spec.trainer.lora's defaults: rank 16, alpha 32,
-all seven projections), each sent ``--syncs`` times by the real ``GlooWeightSender`` to one real
-receiver (tests/dataplane/weightsync_peer.py: the rollout's ReplicaLink and GlooWeightReceiver in a
-process of its own). Reported per payload: bytes, the median transfer (the broadcast of all buckets)
-and round (plan, ready, transfer, ack), the first sync left out (it forms the group); then LoRA / full.
+trainer builds it (``fsdp.full_tensors``, tied embeddings once, float32 as a CPU engine takes it) and
+the LoRA payload (``lora.adapter_tensors`` after ``lora.apply`` with spec.trainer.lora's defaults: rank
+16, alpha 32, all seven projections), each sent ``--syncs`` times by the real ``GlooWeightSender`` to
+one real receiver (tests/dataplane/weightsync_peer.py: the rollout's ReplicaLink and GlooWeightReceiver
+in a process of its own). Reported per payload: bytes, the median transfer (the broadcast of all
+buckets) and round (plan, ready, transfer, ack), the first sync left out (it forms the group); then LoRA
+/ full.
 """
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ def run_lora(syncs: int, bucket_mb: int) -> list[dict[str, Any]]:
         import transformers
 
         model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    full = list(fsdp.full_tensors(model, torch.float32))
+    full = list(fsdp.full_tensors(model, torch.float32, tied_once=True))  # what the trainer sends
     settings = lora_mod.LoraSettings(rank=16, alpha=32.0, target_modules=lora_api.ALL_MODULES)
     adapters = list(lora_mod.adapter_tensors(lora_mod.apply(model, settings), torch.float32))
     rows: list[dict[str, Any]] = []

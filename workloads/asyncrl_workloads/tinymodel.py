@@ -86,6 +86,9 @@ class TinyModelParams:
     """A key of ARCHITECTURES (the transformers config class the model is built from)."""
     num_kv_heads: int | None = None
     """Key/value heads (grouped-query attention); None: as many as num_heads."""
+    tie_word_embeddings: bool = False
+    """One matrix for the input embedding and the output head, as Qwen3 up to 4B, Gemma 3 and Llama 3.2
+    1B/3B have (tests only: spec.model.create has no field for it)."""
 
     @property
     def head_dim(self) -> int:
@@ -193,7 +196,7 @@ def _write(params: TinyModelParams, target: pathlib.Path) -> None:
         max_position_embeddings=params.max_position_embeddings,
         initializer_range=params.initializer_range,
         rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
+        tie_word_embeddings=params.tie_word_embeddings,
         dtype="float32",
         bos_token_id=vocab["<bos>"],
         eos_token_id=eos,

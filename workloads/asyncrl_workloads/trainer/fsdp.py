@@ -78,6 +78,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+"""The default group's backends on GPUs: NCCL for CUDA tensors, gloo for CPU ones. FSDP2's CPU offload
+(spec.trainer.memory.offload) keeps the shards and their gradients on the CPU, so the gradient norm
+(clip_grad_norm_) and a weight sync's full_tensor() run collectives on CPU tensors, which an NCCL-only
+group refuses ("No backend type associated with device type cpu", pytorch/pytorch#148532). Object
+collectives (the step hand-out) then go over gloo too (torch picks the CPU backend for them)."""
+
+
 def init_world(timeout_s: float = 1800.0) -> World:
     """Join (or create, for a lone process) the default process group."""
     if "RANK" not in os.environ:
@@ -85,7 +93,7 @@ def init_world(timeout_s: float = 1800.0) -> World:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
-        device, backend = torch.device("cuda", local_rank), "nccl"
+        device, backend = torch.device("cuda", local_rank), GPU_BACKEND
         torch.cuda.set_device(device)
     else:
         device, backend = torch.device("cpu"), "gloo"

@@ -103,6 +103,12 @@ class TrainSettings:
     lora: lora_mod.LoraSettings | None = None
     """spec.trainer.lora: train peft adapters only (trainer/lora.py); None: the whole policy."""
 
+    @property
+    def sync_tied_once(self) -> bool:
+        """Weight sync sends a tied embedding once: CPU engines' gloo receiver gives the head its copy
+        (weightsync/tied.py); vLLM's NCCL receive has no such hook, so GPU rollouts get both names."""
+        return self.rollout_gpus == 0
+
 
 class Unsupported(ValueError):
     """The job asks a backend for what it cannot build (a model architecture, a parallel layout); the
@@ -125,10 +131,9 @@ class TrainerBackend(abc.ABC):
 
     @abc.abstractmethod
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights under Hugging Face names, for weight sync, in the rollout engines' dtype. For CPU
-        rollouts tied embeddings go once, as ``model.embed_tokens.weight``: their gloo receiver gives
-        the head its copy (weightsync/tied.py). vLLM's NCCL receive has no such hook, so GPU rollouts
-        get both names (not run on a GPU yet). Collective: all ranks iterate fully."""
+        """Full weights under Hugging Face names, for weight sync, in the rollout engines' dtype; a tied
+        embedding once, as ``model.embed_tokens.weight``, where ``TrainSettings.sync_tied_once``.
+        Collective: all ranks iterate fully."""
 
     @abc.abstractmethod
     def state(self) -> dict[str, Any]:
@@ -545,7 +550,7 @@ class FSDP2Backend(TrainerBackend):
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.settings.lora is not None:  # the LoRA payload: the adapters alone, peft's saved names
             return lora_mod.adapter_tensors(self.model, self.sync_dtype)
-        return fsdp.full_tensors(self.model, self.sync_dtype, tied_once=self.settings.rollout_gpus == 0)
+        return fsdp.full_tensors(self.model, self.sync_dtype, tied_once=self.settings.sync_tied_once)
 
     def state(self) -> dict[str, Any]:
         import torch.distributed.checkpoint.state_dict as dcp_state

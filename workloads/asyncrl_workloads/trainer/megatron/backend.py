@@ -203,9 +203,9 @@ class MegatronBackend(backend.FSDP2Backend):
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective over the TP group: every rank gathers the whole model (hf_state). A tied model's
-        matrix once, as model.embed_tokens.weight, for CPU rollouts (as FSDP2's backend sends it)."""
+        matrix once, as model.embed_tokens.weight, where settings.sync_tied_once (as FSDP2's backend)."""
         hf = megatron_model.hf_state(self.model, self.arch)
-        named = hf if self.settings.rollout_gpus == 0 else self._named_like_transformers(hf)
+        named = hf if self.settings.sync_tied_once else self._named_like_transformers(hf)
         for name, value in named.items():
             yield name, value.to(self.sync_dtype).detach()
 

@@ -5,6 +5,7 @@ tracking.json, and a sink that fails and recovers."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import time
 from typing import Any
@@ -103,3 +104,39 @@ def test_a_validation_result_reaches_the_trackers_with_mean_and_pass_at_k(tmp_pa
             [{"prompt": "a", "response": "b", "reward": 0.0}],
         )
     ]  # fmt: skip
+
+
+def test_tensorboard_says_what_its_event_files_hold_so_a_lagging_state_never_logs_a_step_twice(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The real writer and reader (torch.utils.tensorboard, tensorboard's EventAccumulator): CI once saw the
+    e2e restart log a step twice to TensorBoard when the SIGKILL fell between a step's flush and
+    tracking.json's write."""
+    from tensorboard.backend.event_processing import event_accumulator  # noqa: PLC0415
+
+    state, log_dir = tmp_path / "tracking.json", tmp_path / "tb"
+    t = tracker.Tracker([sinks.TensorBoardSink(log_dir)], state, "r", {}, {"a": "1"}, None)
+    for step in range(1, 9):
+        t.step({"step": step, "loss": float(step)})
+    t.validation({"step": 6, "rewardMean": 0.5}, [{"prompt": "p", "response": "r", "reward": 0.5}])
+    t.close(timeout=30)
+    assert sinks.TensorBoardSink(log_dir).logged() == {"last_step": 8, "last_validation": 6}
+    # the kill: step 8 and the validation were flushed, the file still says 7 and none
+    saved = json.loads(state.read_text())
+    saved["tensorboard"]["last_step"] = 7
+    saved["tensorboard"].pop("last_validation")
+    state.write_text(json.dumps(saved))
+    time.sleep(1.1)  # event files are read in name order, which starts with the second
+    t = tracker.Tracker([sinks.TensorBoardSink(log_dir)], state, "r", {}, {"a": "1"}, None)
+    for step in range(5, 13):  # re-trained from the checkpoint at step 4
+        t.step({"step": step, "loss": 100.0 + step})
+    t.validation({"step": 6, "rewardMean": 0.9}, [])
+    t.validation({"step": 10, "rewardMean": 0.25}, [])
+    t.close(timeout=30)
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 2
+    events = event_accumulator.EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, 13))
+    assert [e.value for e in loss][7:9] == [8.0, 109.0]  # the first value of step 8 stays
+    assert [(e.step, e.value) for e in events.Scalars("validation/rewardMean")] == [(6, 0.5), (10, 0.25)]

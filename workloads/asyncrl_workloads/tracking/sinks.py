@@ -23,7 +23,8 @@ MLFLOW_HTTP_DEFAULTS = {
 }
 """MLflow client settings (its own env vars) set unless the environment has them: see MlflowSink."""
 STEP_KEY = "trainer/step"
-"""MLflow: logged with every step (its value the step), so a resumed run knows its last logged step."""
+"""MLflow and TensorBoard: logged with every step (its value the step), so a resumed run knows its last
+logged step (``Sink.logged``)."""
 VALIDATION_STEP_KEY = "validation/step"
 
 
@@ -202,7 +203,7 @@ class TensorBoardSink(Sink):
         self.writer.flush()
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
+        for key, value in {**metrics, STEP_KEY: step}.items():  # the step key last: it marks the step logged
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
@@ -217,7 +218,26 @@ class TensorBoardSink(Sink):
             ]
             lines.append("| " + " | ".join(cells) + " |")
         self.writer.add_text("validation/generations", "\n".join(lines), step)
+        self.writer.add_scalar(VALIDATION_STEP_KEY, step, step)  # last, as for a step
         self.writer.flush()
+
+    def logged(self) -> dict[str, int]:
+        """The highest step of each step key in the event files already in the run's directory (every
+        process writes a file of its own there). A trainer killed after a step's events were flushed but
+        before tracking.json said so would otherwise log that step again, and TensorBoard's reader shows
+        both values (its purge applies only to a writer opened with ``purge_step``, which would hide the
+        steps, not keep the first)."""
+        from tensorboard.backend.event_processing import event_file_loader  # noqa: PLC0415
+
+        names = {STEP_KEY: "last_step", VALIDATION_STEP_KEY: "last_validation"}
+        out: dict[str, int] = {}
+        for path in sorted(self.log_dir.glob("events.out.tfevents.*")):
+            for event in event_file_loader.EventFileLoader(str(path)).Load():  # a torn last record ends it
+                for value in event.summary.value:
+                    if value.tag in names:
+                        field = names[value.tag]
+                        out[field] = max(out.get(field, -1), int(event.step))
+        return out
 
     def close(self) -> None:
         if self.writer is not None:

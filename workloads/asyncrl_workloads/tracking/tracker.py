@@ -15,7 +15,7 @@ Resume: the run id and the last step and validation step each backend logged are
 skips steps up to the last logged one (it re-trains the steps after its checkpoint; they are not logged
 twice), so each step is logged once and in order. The file is written after each call returns, so a
 trainer killed in between would log that step again: where the backend can say what it holds
-(``Sink.logged``: MLflow), the resumed state takes the later of the two.
+(``Sink.logged``: MLflow, TensorBoard), the resumed state takes the later of the two.
 """
 
 from __future__ import annotations

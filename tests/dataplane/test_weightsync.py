@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -246,6 +247,50 @@ def test_replica_frozen_during_broadcast_is_dropped_at_the_deadline(trainer, pee
     wait_members(trainer, {0, 1})
     back = trainer.sync(20, weights(20))
     assert sorted(back.members) == [0, 1] and back.generation > later.generation
+
+
+def test_a_stream_is_gathered_one_bucket_at_a_time_and_drained_whatever_the_round_did(
+    trainer, peers, port
+) -> None:
+    """The trainer's FSDP2 path (trainer/loop.py): the plan first, each tensor made when its bucket is
+    sent, so rank 0 holds about one bucket of full tensors, not the model; drained after the round (the
+    producer is a gather every trainer rank runs to the end)."""
+    g = torch.Generator().manual_seed(7)
+    made = [(f"model.layers.{i}.mlp.up_proj.weight", torch.randn(256, 512, generator=g)) for i in range(8)]
+    metas = [base.TensorMeta(n, "float32", (256, 512)) for n, _ in made]  # 0.5 MiB each, 2 per 1 MiB bucket
+    alive: list[weakref.ref[torch.UntypedStorage]] = []  # the memory, whatever views of it are held
+    most: list[int] = []
+    produced: list[int] = []
+
+    def gather() -> Iterator[tuple[str, torch.Tensor]]:
+        for i, (name, value) in enumerate(made):
+            most.append(sum(r() is not None for r in alive))  # earlier tensors still held by the sender
+            produced.append(i)
+            full = value.clone()  # a gather makes a new tensor each time
+            alive.append(weakref.ref(full.untyped_storage()))
+            yield name, full
+            del full
+
+    start_peers(port, peers, 0)
+    wait_members(trainer, {0})
+    stream = base.Stream(metas, gather(), keep=True)
+    report = trainer.sync(1, stream)
+    stream.drain()
+    assert report.members == [0] and report.checksums == {0: checksum.of(made)}
+    assert report.nbytes == 8 * (256 * 512 * 4)
+    assert max(most) <= 1, most  # a bucket's first tensor at most, while its second is made
+    assert checksum.of(stream.kept) == checksum.of(made)
+    # a round for no member (a catch-up of a replica not there): nothing is sent, drain ends the producer
+    produced.clear()
+    stream = base.Stream(metas, gather())
+    assert trainer.sync(2, stream, only=[5]).members == []
+    assert produced == []
+    stream.drain()
+    assert produced == list(range(8)) and list(stream) == []
+    # a producer that strays from its plan is a bug, said with the tensor
+    bad = base.Stream(metas[:1], iter([("model.norm.weight", torch.zeros(3))]))
+    with pytest.raises(ValueError, match="the plan said"):
+        next(bad)
 
 
 def test_no_members_is_not_an_error(trainer) -> None:

@@ -76,7 +76,7 @@ def sender_main(job_json: str, model_dir: str) -> None:
     import torch
     from asyncrl_api import config as config_mod
     from asyncrl_testing import vllm_round
-    from asyncrl_workloads.weightsync import checksum, nccl
+    from asyncrl_workloads.weightsync import base, checksum, nccl
 
     torch.cuda.set_device(0)
     cfg = config_mod.JobConfig.model_validate_json(pathlib.Path(job_json).read_text())
@@ -91,7 +91,11 @@ def sender_main(job_json: str, model_dir: str) -> None:
             time.sleep(0.05)
         dtype = getattr(torch, order["dtype"])
         named = vllm_round.perturbed(pathlib.Path(model_dir), order["seed"], dtype, device="cuda")
-        report = trainer.sync(order["version"], named)
+        # as the FSDP2 trainer sends: the plan first, the tensors taken while vLLM packs them
+        plan = [base.TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
+        stream = base.Stream(plan, iter(named))
+        report = trainer.sync(order["version"], stream)
+        stream.drain()
         print(json.dumps({"event": "synced", "version": report.version, "members": report.members,
                           "dropped": report.dropped, "generation": report.generation,
                           "checksum": checksum.of(named), "nbytes": report.nbytes,

@@ -137,7 +137,7 @@ def test_fsdp2_computes_in_the_chosen_dtype_over_float32_shards(
     assert all(torch.equal(sent[k], kept[k].to(BF16)) for k in kept)  # rounded once, from the masters
 
 
-def test_weight_sync_sends_tied_embeddings_once(world: fsdp.World) -> None:
+def test_weight_sync_sends_tied_embeddings_once_and_plans_before_it_gathers(world: fsdp.World) -> None:
     """A tied model (Qwen3 up to 4B, Gemma 3) is one matrix that transformers' state dict names twice;
     after FSDP2 it is still one parameter, so the sync payload (``tied_once``) holds it once, as the
     embedding, while the state dict (checkpoint, export) keeps both names. An untied model loses nothing."""
@@ -151,8 +151,13 @@ def test_weight_sync_sends_tied_embeddings_once(world: fsdp.World) -> None:
         torch.manual_seed(0)
         model = fsdp.shard(transformers.Qwen3ForCausalLM(config), world)
         every = dict(fsdp.full_tensors(model))
+        payload = list(fsdp.full_tensors(model, BF16, tied_once=True))
         sent = dict(fsdp.full_tensors(model, tied_once=True))
         assert set(every) - set(sent) == ({"lm_head.weight"} if tied else set())
+        # the plan weight sync makes before gathering (full_metas) is what the gather then yields
+        assert fsdp.full_metas(model, BF16, tied_once=True) == [
+            (n, t.dtype, tuple(t.shape)) for n, t in payload
+        ]
         assert all(torch.equal(sent[k], every[k]) for k in sent)
         if tied:
             assert torch.equal(every["lm_head.weight"], sent["model.embed_tokens.weight"])

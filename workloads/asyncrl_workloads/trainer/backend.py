@@ -135,6 +135,13 @@ class TrainerBackend(abc.ABC):
         embedding once, as ``model.embed_tokens.weight``, where ``TrainSettings.sync_tied_once``.
         Collective: all ranks iterate fully."""
 
+    def sync_metas(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]] | None:
+        """(name, dtype, shape) of what ``full_tensors`` will yield, known without gathering, so that
+        weight sync sends each bucket as it is gathered (rank 0 then holds about one bucket of full
+        tensors, not the model); None where it is not known in advance: the tensors are gathered into a
+        list first. Rank 0 only, not a collective."""
+        return None
+
     @abc.abstractmethod
     def state(self) -> dict[str, Any]:
         """Sharded model + optimizer state for torch.distributed.checkpoint."""
@@ -551,6 +558,11 @@ class FSDP2Backend(TrainerBackend):
         if self.settings.lora is not None:  # the LoRA payload: the adapters alone, peft's saved names
             return lora_mod.adapter_tensors(self.model, self.sync_dtype)
         return fsdp.full_tensors(self.model, self.sync_dtype, tied_once=self.settings.sync_tied_once)
+
+    def sync_metas(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]] | None:
+        if self.settings.lora is not None:  # the adapters: a few MB, gathered first
+            return None
+        return fsdp.full_metas(self.model, self.sync_dtype, tied_once=self.settings.sync_tied_once)
 
     def state(self) -> dict[str, Any]:
         import torch.distributed.checkpoint.state_dict as dcp_state

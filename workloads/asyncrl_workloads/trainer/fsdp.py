@@ -229,6 +229,21 @@ def full_tensors(
         yield name, value.detach()
 
 
+def full_metas(
+    model: torch.nn.Module, dtype: torch.dtype | None = None, tied_once: bool = False
+) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, full shape) of what ``full_tensors`` yields, in its order, without gathering (a
+    DTensor knows its global shape): the weight-sync plan, made before the first tensor is gathered so
+    rank 0 sends each bucket as it is gathered instead of holding the whole model. Local, not a
+    collective."""
+    aliases = tied_aliases(model) if tied_once else set()
+    return [
+        (name, dtype if dtype is not None and value.is_floating_point() else value.dtype, tuple(value.shape))
+        for name, value in model.state_dict().items()
+        if name not in aliases
+    ]
+
+
 def tied_aliases(model: torch.nn.Module) -> set[str]:
     """The names under which a parameter already registered under an earlier name appears again."""
     first: set[int] = set()

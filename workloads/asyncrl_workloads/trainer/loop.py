@@ -42,6 +42,8 @@ import signal
 import time
 from typing import Any
 
+import torch
+
 from asyncrl_workloads import metrics as metrics_mod
 from asyncrl_workloads.bus import codec, jetstream
 from asyncrl_workloads.tracking import tracker as tracker_mod
@@ -49,6 +51,7 @@ from asyncrl_workloads.trainer import backend as backend_mod
 from asyncrl_workloads.trainer import checkpoint, fsdp, inbox, progress, steplog
 from asyncrl_workloads.trainer import teacher as teacher_mod
 from asyncrl_workloads.trainer import validation as validation_mod
+from asyncrl_workloads.weightsync import base as weightsync_base
 from asyncrl_workloads.weightsync import checksum
 
 log = logging.getLogger(__name__)
@@ -280,10 +283,25 @@ class Leader:
             await self.nc.publish(
                 self.announce_subject, codec.encode_announcement(state.version, state.step, time.time())
             )
-        named = await asyncio.to_thread(lambda: list(self.backend.full_tensors()))
-        report = (
-            await asyncio.to_thread(self.sender.sync, state.version, named, only) if self.sender else None
-        )
+        metas = self.backend.sync_metas() if self.sender is not None else None
+        payload: weightsync_base.Stream | list[tuple[str, torch.Tensor]]
+        if metas is None:
+            payload = await asyncio.to_thread(lambda: list(self.backend.full_tensors()))
+        else:  # gathered bucket by bucket while it is sent
+            plan = [weightsync_base.TensorMeta(n, str(d).removeprefix("torch."), s) for n, d, s in metas]
+            payload = weightsync_base.Stream(
+                plan, self.backend.full_tensors(), keep=sum(m.nbytes for m in plan) <= CHECKSUM_MAX_BYTES
+            )
+        try:
+            report = (
+                await asyncio.to_thread(self.sender.sync, state.version, payload, only)
+                if self.sender
+                else None
+            )
+        finally:
+            if isinstance(payload, weightsync_base.Stream):  # the followers gather to the end: so does rank 0
+                await asyncio.to_thread(payload.drain)
+        named = payload.kept if isinstance(payload, weightsync_base.Stream) else payload
         state.last_sync_time = time.time()
         self.metrics.param_version.set(state.version)
         out: dict[str, Any] = {"version": state.version}

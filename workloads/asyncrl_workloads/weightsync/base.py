@@ -34,7 +34,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from collections.abc import Collection, Iterable
+import threading
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -225,6 +226,75 @@ def plan_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int) -> tuple[tupl
     return tuple(buckets)
 
 
+class Stream:
+    """A round's tensors, produced while they are sent: the plan (``metas``) is known before any tensor
+    exists, and each (name, tensor) is made when the transport asks for it, so the sender holds about one
+    bucket of full tensors, not the model (7B in bfloat16 is 15 GB on trainer rank 0 otherwise).
+
+    ``tensors``: the producer; on the trainer a collective gather (``TrainerBackend.full_tensors``) that
+    every rank must run to the end, so whoever made the stream calls ``drain`` after the round, whatever
+    the round did (no members, a broadcast that failed part-way, a transport thread abandoned at its
+    deadline): the rest is produced and dropped, and a thread that comes back later finds the stream
+    ended. Thread-safe: the NCCL transport iterates in a thread of its own.
+
+    ``keep``: also keep a CPU copy of each tensor (``kept``), for the trainer's checksum of small models.
+    """
+
+    def __init__(
+        self, metas: Iterable[TensorMeta], tensors: Iterable[tuple[str, torch.Tensor]], keep: bool = False
+    ) -> None:
+        self.metas = tuple(metas)
+        self._it = iter(tensors)
+        self._lock = threading.Lock()
+        self._next = 0
+        self._ended = False
+        self.keep = keep
+        self.kept: list[tuple[str, torch.Tensor]] = []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.metas)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        with self._lock:
+            if self._ended:
+                raise StopIteration
+            try:
+                name, tensor = next(self._it)
+            except StopIteration:
+                self._ended = True
+                if self._next != len(self.metas):
+                    raise ValueError(
+                        f"weight stream ended after {self._next} of {len(self.metas)} tensors"
+                    ) from None
+                raise
+            self._check(name, tensor)
+            self._next += 1
+            if self.keep:
+                self.kept.append((name, tensor.detach().to("cpu", copy=True)))
+            return name, tensor
+
+    def _check(self, name: str, tensor: torch.Tensor) -> None:
+        if self._next >= len(self.metas):
+            raise ValueError(f"weight stream: {name} beyond the plan's {len(self.metas)} tensors")
+        meta = self.metas[self._next]
+        got = (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        if got != (meta.name, meta.dtype, meta.shape):
+            raise ValueError(f"weight stream: tensor {self._next} is {got}, the plan said {meta}")
+
+    def drain(self) -> None:
+        """Produce what is left (the producer's collective ends on every rank) and end the stream."""
+        with self._lock:
+            if self._ended:
+                return
+            for _ in self._it:
+                pass
+            self._ended = True
+
+
 class WeightSender(abc.ABC):
     """Trainer rank 0: broadcasts a policy version to every live rollout engine worker."""
 
@@ -237,7 +307,9 @@ class WeightSender(abc.ABC):
     ) -> SyncReport:
         """Run one round; never blocks longer than about 3 x timeoutSeconds, never raises for a
         rollout's failure (those are in the report's ``dropped``). ``only``: the round is for these
-        replicas alone (a catch-up of late joiners to the current version); default all members."""
+        replicas alone (a catch-up of late joiners to the current version); default all members.
+        ``named_tensors``: a ``Stream`` is consumed while it is sent (the caller drains it after);
+        anything else is read into a list first."""
 
     @abc.abstractmethod
     def behind(self, version: int) -> list[int]:

@@ -88,16 +88,19 @@ def _with_deadline(fn: Callable[[], Any], deadline: float, what: str, device: in
         pool.shutdown(wait=False)
 
 
-class _ListSource:
-    """vLLM ``WeightSource`` over this round's (name, tensor) list (full tensors on rank 0)."""
+class _RoundSource:
+    """vLLM ``WeightSource`` over this round's tensors: the plan's metadata (declared before any tensor
+    is gathered, as vLLM's interface intends) and the tensors, a ``base.Stream`` gathered while vLLM packs
+    and broadcasts them, or a list."""
 
     def __init__(self) -> None:
-        self.tensors: list[tuple[str, torch.Tensor]] = []
+        self.metas: tuple[base.TensorMeta, ...] = ()
+        self.tensors: Iterable[tuple[str, torch.Tensor]] = ()
 
     def metadata(self) -> list[Any]:
         from vllm.distributed.weight_transfer.base import ParamMeta
 
-        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors]
+        return [ParamMeta(m.name, getattr(torch, m.dtype), m.shape) for m in self.metas]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.tensors)
@@ -131,7 +134,7 @@ class NcclWeightSender(sender.GlooWeightSender):
         )  # fmt: skip
         self.host = cfg.endpoints.trainer_host
         self.port = cfg.endpoints.weight_sync_port
-        self._source = _ListSource()
+        self._source = _RoundSource()
         self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
         """The trainer's device when it made the sender (``fsdp`` set it): every NCCL call runs there,
         from whichever thread ``sync`` is called."""
@@ -157,14 +160,17 @@ class NcclWeightSender(sender.GlooWeightSender):
     def _transfer(
         self,
         plan: base.Plan,
-        tensors: list[tuple[str, torch.Tensor]],
+        tensors: Iterable[tuple[str, torch.Tensor]],
         deadline: float,
         report: base.SyncReport,
     ) -> None:
-        self._source.tensors = tensors
+        self._source.metas, self._source.tensors = plan.tensors, tensors
         engine = self._group
-        _with_deadline(engine.send_weights, deadline, f"broadcast of v{plan.version}", self.device)
-        report.nbytes += sum(t.numel() * t.element_size() for _, t in tensors)
+        try:
+            _with_deadline(engine.send_weights, deadline, f"broadcast of v{plan.version}", self.device)
+        finally:  # past the deadline the abandoned thread may still hold the stream: the trainer drains it
+            self._source.metas, self._source.tensors = (), ()
+        report.nbytes += sum(m.nbytes for m in plan.tensors)
 
     def _close_group(self) -> None:
         engine, self._group = self._group, None

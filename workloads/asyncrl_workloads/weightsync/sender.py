@@ -23,6 +23,7 @@ only=...)``, a round of the current version for them alone.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -153,10 +154,15 @@ class GlooWeightSender(base.WeightSender):
         if not candidates:
             report.total_seconds = time.monotonic() - start
             return report
-        tensors = [(name, t.detach()) for name, t in named_tensors]
-        metas = tuple(
-            base.TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors
-        )
+        tensors: Iterable[tuple[str, torch.Tensor]]
+        if isinstance(named_tensors, base.Stream):  # made while sent, one bucket at a time
+            tensors, metas = named_tensors, named_tensors.metas
+        else:
+            tensors = [(name, t.detach()) for name, t in named_tensors]
+            metas = tuple(
+                base.TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+                for name, t in tensors
+            )
         self._seq += 1
         plan = base.Plan(
             seq=self._seq,
@@ -273,13 +279,15 @@ class GlooWeightSender(base.WeightSender):
     def _transfer(
         self,
         plan: base.Plan,
-        tensors: list[tuple[str, torch.Tensor]],
+        tensors: Iterable[tuple[str, torch.Tensor]],
         deadline: float,
         report: base.SyncReport,
     ) -> None:
-        """Broadcast every bucket of ``plan`` before ``deadline`` (raises RuntimeError on failure)."""
+        """Broadcast every bucket of ``plan`` before ``deadline`` (raises RuntimeError on failure);
+        ``tensors`` in the plan's order, taken one bucket at a time."""
+        produced = iter(tensors)
         for a, b in plan.buckets:
-            buffer = rendezvous.pack([t for _, t in tensors[a:b]])
+            buffer = rendezvous.pack([t for _, t in itertools.islice(produced, b - a)])
             rendezvous.broadcast(self._group, buffer, deadline - time.monotonic())
             report.nbytes += buffer.numel()
 

@@ -209,6 +209,11 @@ class MegatronBackend(backend.FSDP2Backend):
         for name, value in named.items():
             yield name, value.to(self.sync_dtype).detach()
 
+    def sync_metas(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]] | None:
+        """None: hf_state converts the whole model to transformers' layout at once (fused QKV split,
+        TP shards gathered), so the payload is built before it is sent."""
+        return None
+
     def state(self) -> dict[str, Any]:
         """The checkpoint in HF layout, independent of TP and DP (megatron's dist_checkpointing needs CUDA
         in 0.16.1, docs/megatron.md): the weights under transformers' names (what trainer/export.py

@@ -370,6 +370,7 @@ def one_backend(
         "loss": sum(losses[:: world.size // dp]),
         "metrics": metrics,
         "weights": dict(trainer.full_tensors()),
+        "sync_metas": trainer.sync_metas(),  # the plan of a sync, made before anything is gathered
     }
     if ddp and tp is not None:
         out["megatron"] = [type(trainer.ddp).__name__, type(trainer.dist_optimizer).__name__]  # type: ignore[attr-defined]

@@ -164,6 +164,9 @@ def test_the_megatron_backend_takes_the_fsdp2_backends_step(runs, name, tp):
     assert ref["metrics"]["grad_norm"] > 0.5  # above the clip: both backends clipped
     assert meg["metrics"]["skipped_updates"] == ref["metrics"]["skipped_updates"] == 0.0
     assert sorted(meg["weights"]) == sorted(ref["weights"])
+    # both backends plan a weight sync before gathering: the plan is what the gather then yields, in order
+    for sent in (meg, ref):
+        assert sent["sync_metas"] == [(n, t.dtype, tuple(t.shape)) for n, t in sent["weights"].items()]
     initial = runs["hf"][model]["initial"]
     assert max_diff(ref["weights"], initial) > 1e-3  # the step moved the weights
     # AdamW's first updates are lr * g / (|g| + eps): where a gradient is ~eps (1e-8) its float noise

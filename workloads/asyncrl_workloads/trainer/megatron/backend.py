@@ -202,17 +202,26 @@ class MegatronBackend(backend.FSDP2Backend):
         megatron_model.load_hf(self.model, hf, self.arch, self.settings.tp, parallel.tp_rank())
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Collective over the TP group: every rank gathers the whole model (hf_state). A tied model's
+        """Collective over the TP group: every rank gathers the whole model a part at a time (hf_parts:
+        the embedding and head, then each layer), so it holds one part in HF layout. A tied model's
         matrix once, as model.embed_tokens.weight, where settings.sync_tied_once (as FSDP2's backend)."""
-        hf = megatron_model.hf_state(self.model, self.arch)
-        named = hf if self.settings.sync_tied_once else self._named_like_transformers(hf)
-        for name, value in named.items():
-            yield name, value.to(self.sync_dtype).detach()
+        for part in megatron_model.hf_parts(self.model, self.arch):
+            for name, value in self._sync_names(part).items():
+                yield name, value.to(self.sync_dtype).detach()
 
     def sync_metas(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]] | None:
-        """None: hf_state converts the whole model to transformers' layout at once (fused QKV split,
-        TP shards gathered), so the payload is built before it is sent."""
-        return None
+        """full_tensors' names and shapes from the same parts on the meta device: no gather."""
+        return [
+            (name, self.sync_dtype, tuple(value.shape))
+            for part in megatron_model.hf_parts(self.model, self.arch, gather=False)
+            for name, value in self._sync_names(part).items()
+        ]
+
+    def _sync_names(self, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A part of the sync payload; a tied model's head named beside its embedding unless sent once."""
+        if not self.settings.sync_tied_once and "model.embed_tokens.weight" in part:
+            return self._named_like_transformers(part)
+        return part
 
     def state(self) -> dict[str, Any]:
         """The checkpoint in HF layout, independent of TP and DP (megatron's dist_checkpointing needs CUDA

@@ -98,29 +98,50 @@ def to_megatron(
 def to_hf(shards: Sequence[Mapping[str, torch.Tensor]], arch: Arch) -> dict[str, torch.Tensor]:
     """The HF state dict from every TP rank's GPTModel state dict, `shards[r]` being rank r's. Extra
     megatron entries (`_extra_state`) are ignored; a tied model yields no lm_head.weight."""
+    out = head_to_hf(shards, arch)
+    for i in range(arch.num_layers):
+        out.update(layer_to_hf(shards, arch, i))
+    return out
 
-    def cat(name: str, dim: int) -> torch.Tensor:
-        return torch.cat([s[name] for s in shards], dim=dim)
 
-    first = shards[0]
+def head_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], arch: Arch) -> dict[str, torch.Tensor]:
+    """to_hf's part outside the decoder layers: the embedding, the final norm, an untied head (names
+    ``layer_index`` puts in no layer)."""
     out = {
-        "model.embed_tokens.weight": cat("embedding.word_embeddings.weight", 0)[: arch.vocab_size],
-        "model.norm.weight": first["decoder.final_layernorm.weight"],
+        "model.embed_tokens.weight": _cat(shards, "embedding.word_embeddings.weight", 0)[: arch.vocab_size],
+        "model.norm.weight": shards[0]["decoder.final_layernorm.weight"],
     }
     if not arch.tied_embeddings:
-        out["lm_head.weight"] = cat("output_layer.weight", 0)[: arch.vocab_size]
-    for i in range(arch.num_layers):
-        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for hf_name, meg_name in LAYER_NORMS.items():
-            out[dst + hf_name] = first[src + meg_name]
-        kinds = ("weight", "bias") if arch.qkv_bias else ("weight",)
-        for kind in kinds:
-            q, k, v = _split_qkv(cat(f"{src}self_attention.linear_qkv.{kind}", 0), arch)
-            for proj, t in zip("qkv", (q, k, v), strict=True):
-                out[f"{dst}self_attn.{proj}_proj.{kind}"] = t
-        out[dst + "self_attn.o_proj.weight"] = cat(src + "self_attention.linear_proj.weight", 1)
-        halves = [s[src + "mlp.linear_fc1.weight"].chunk(2, dim=0) for s in shards]
-        out[dst + "mlp.gate_proj.weight"] = torch.cat([h[0] for h in halves])
-        out[dst + "mlp.up_proj.weight"] = torch.cat([h[1] for h in halves])
-        out[dst + "mlp.down_proj.weight"] = cat(src + "mlp.linear_fc2.weight", 1)
+        out["lm_head.weight"] = _cat(shards, "output_layer.weight", 0)[: arch.vocab_size]
     return {name: t.contiguous() for name, t in out.items()}
+
+
+def layer_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], arch: Arch, i: int) -> dict[str, torch.Tensor]:
+    """to_hf's part for decoder layer ``i``; reads only names under ``decoder.layers.<i>.``."""
+    src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+    first = shards[0]
+    out: dict[str, torch.Tensor] = {}
+    for hf_name, meg_name in LAYER_NORMS.items():
+        out[dst + hf_name] = first[src + meg_name]
+    kinds = ("weight", "bias") if arch.qkv_bias else ("weight",)
+    for kind in kinds:
+        q, k, v = _split_qkv(_cat(shards, f"{src}self_attention.linear_qkv.{kind}", 0), arch)
+        for proj, t in zip("qkv", (q, k, v), strict=True):
+            out[f"{dst}self_attn.{proj}_proj.{kind}"] = t
+    out[dst + "self_attn.o_proj.weight"] = _cat(shards, src + "self_attention.linear_proj.weight", 1)
+    halves = [s[src + "mlp.linear_fc1.weight"].chunk(2, dim=0) for s in shards]
+    out[dst + "mlp.gate_proj.weight"] = torch.cat([h[0] for h in halves])
+    out[dst + "mlp.up_proj.weight"] = torch.cat([h[1] for h in halves])
+    out[dst + "mlp.down_proj.weight"] = _cat(shards, src + "mlp.linear_fc2.weight", 1)
+    return {name: t.contiguous() for name, t in out.items()}
+
+
+def layer_index(name: str) -> int | None:
+    """The decoder layer a GPTModel state-dict name belongs to (None: the embedding, final norm, head)."""
+    if not name.startswith("decoder.layers."):
+        return None
+    return int(name.split(".")[2])
+
+
+def _cat(shards: Sequence[Mapping[str, torch.Tensor]], name: str, dim: int) -> torch.Tensor:
+    return torch.cat([s[name] for s in shards], dim=dim)

@@ -215,19 +215,41 @@ def hf_state(model: torch.nn.Module, arch: Arch) -> dict[str, torch.Tensor]:
     return gather_hf(model.state_dict(), arch)
 
 
-def gather_hf(local: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torch.Tensor]:
-    """This TP rank's tensors under GPTModel state-dict names (the weights, or anything shaped like them:
-    AdamW's moments) -> the whole set in HF names and layouts, on every TP rank (collective)."""
+def hf_parts(model: torch.nn.Module, arch: Arch, gather: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+    """hf_state a part at a time, for weight sync: the embedding, final norm and head
+    (convert.head_to_hf), then each decoder layer (convert.layer_to_hf), each part's tensors all-gathered
+    over the TP group when it is reached (collective: every TP rank iterates to the end), so a rank
+    holds one part in HF layout, not the model. ``gather=False``: the same parts, in the same order, on
+    the meta device and without a collective: the names, dtypes and shapes alone (the sync's plan)."""
+    groups: dict[int | None, dict[str, torch.Tensor]] = {}
+    for name, t in model.state_dict().items():
+        if not name.endswith("_extra_state"):
+            groups.setdefault(convert.layer_index(name), {})[name] = t
+    yield convert.head_to_hf(_tp_shards(groups.get(None, {}), gather), arch)
+    for i in range(arch.num_layers):
+        yield convert.layer_to_hf(_tp_shards(groups[i], gather), arch, i)
+
+
+def _tp_shards(local: Mapping[str, torch.Tensor], gather: bool) -> list[dict[str, torch.Tensor]]:
+    """Every TP rank's tensors of ``local``'s names (all-gathered), or meta tensors shaped like them."""
+    if not gather:
+        meta = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in local.items()}
+        return [meta] * parallel.tp_size()
     group = parallel.tp_group()
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(parallel.tp_size())]
     for name, t in local.items():
-        if name.endswith("_extra_state"):
-            continue
         copies = [torch.empty_like(t) for _ in shards]
         torch.distributed.all_gather(copies, t.contiguous(), group=group)
         for shard, copy in zip(shards, copies, strict=True):
             shard[name] = copy
-    return convert.to_hf(shards, arch)
+    return shards
+
+
+def gather_hf(local: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torch.Tensor]:
+    """This TP rank's tensors under GPTModel state-dict names (the weights, or anything shaped like them:
+    AdamW's moments) -> the whole set in HF names and layouts, on every TP rank (collective)."""
+    kept = {n: t for n, t in local.items() if not n.endswith("_extra_state")}
+    return convert.to_hf(_tp_shards(kept, gather=True), arch)
 
 
 def token_logprobs(

@@ -251,10 +251,6 @@ class Stream:
         self.keep = keep
         self.kept: list[tuple[str, torch.Tensor]] = []
 
-    @property
-    def nbytes(self) -> int:
-        return sum(m.nbytes for m in self.metas)
-
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self
 

@@ -92,7 +92,7 @@ def sender_main(job_json: str, model_dir: str) -> None:
         dtype = getattr(torch, order["dtype"])
         named = vllm_round.perturbed(pathlib.Path(model_dir), order["seed"], dtype, device="cuda")
         # as the FSDP2 trainer sends: the plan first, the tensors taken while vLLM packs them
-        plan = [base.TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
+        plan = [base.TensorMeta.of(n, t.dtype, t.shape) for n, t in named]
         stream = base.Stream(plan, iter(named))
         report = trainer.sync(order["version"], stream)
         stream.drain()

@@ -65,7 +65,7 @@ def test_pack_unpack_restores_mixed_dtypes_bit_exactly() -> None:
         ("n", torch.randn(5).to(torch.bfloat16)),
         ("i", torch.arange(6).view(2, 3)),
     ]
-    metas = [base.TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in tensors]
+    metas = [base.TensorMeta.of(n, t.dtype, t.shape) for n, t in tensors]
     buffer = rendezvous.pack([t for _, t in tensors])
     assert buffer.dtype == torch.uint8 and buffer.numel() == rendezvous.bucket_nbytes(metas)
     out = rendezvous.unpack(buffer, metas)

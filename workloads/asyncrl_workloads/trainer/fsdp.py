@@ -218,15 +218,10 @@ def full_tensors(
     Collective: every rank must iterate to the end (each DTensor is all-gathered on demand, so memory
     holds one full tensor at a time).
     """
-    aliases = tied_aliases(model) if tied_once else set()
-    for name, value in model.state_dict().items():
-        if name in aliases:
-            continue
+    for name, value in _payload(model, tied_once):
         if isinstance(value, torch.distributed.tensor.DTensor):
             value = value.full_tensor()
-        if dtype is not None and value.is_floating_point():
-            value = value.to(dtype)
-        yield name, value.detach()
+        yield name, value.to(_sent_dtype(value, dtype)).detach()
 
 
 def full_metas(
@@ -236,12 +231,20 @@ def full_metas(
     DTensor knows its global shape): the weight-sync plan, made before the first tensor is gathered so
     rank 0 sends each bucket as it is gathered instead of holding the whole model. Local, not a
     collective."""
-    aliases = tied_aliases(model) if tied_once else set()
     return [
-        (name, dtype if dtype is not None and value.is_floating_point() else value.dtype, tuple(value.shape))
-        for name, value in model.state_dict().items()
-        if name not in aliases
+        (name, _sent_dtype(value, dtype), tuple(value.shape)) for name, value in _payload(model, tied_once)
     ]
+
+
+def _payload(model: torch.nn.Module, tied_once: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state-dict entries full_tensors sends, in its order, sharded as they are."""
+    aliases = tied_aliases(model) if tied_once else set()
+    return ((name, value) for name, value in model.state_dict().items() if name not in aliases)
+
+
+def _sent_dtype(value: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """``dtype`` for a floating point entry when given, else the entry's own."""
+    return dtype if dtype is not None and value.is_floating_point() else value.dtype
 
 
 def tied_aliases(model: torch.nn.Module) -> set[str]:

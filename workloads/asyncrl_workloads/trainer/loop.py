@@ -288,7 +288,7 @@ class Leader:
         if metas is None:
             payload = await asyncio.to_thread(lambda: list(self.backend.full_tensors()))
         else:  # gathered bucket by bucket while it is sent
-            plan = [weightsync_base.TensorMeta(n, str(d).removeprefix("torch."), s) for n, d, s in metas]
+            plan = [weightsync_base.TensorMeta.of(*meta) for meta in metas]
             payload = weightsync_base.Stream(
                 plan, self.backend.full_tensors(), keep=sum(m.nbytes for m in plan) <= CHECKSUM_MAX_BYTES
             )

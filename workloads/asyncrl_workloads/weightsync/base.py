@@ -62,6 +62,11 @@ class TensorMeta:
     """torch dtype name without the prefix, e.g. "float32"."""
     shape: tuple[int, ...]
 
+    @classmethod
+    def of(cls, name: str, dtype: torch.dtype, shape: Iterable[int]) -> TensorMeta:
+        """The meta of a tensor named ``name`` of this torch dtype and shape."""
+        return cls(name, str(dtype).removeprefix("torch."), tuple(shape))
+
     @property
     def nbytes(self) -> int:
         numel = 1
@@ -277,8 +282,8 @@ class Stream:
         if self._next >= len(self.metas):
             raise ValueError(f"weight stream: {name} beyond the plan's {len(self.metas)} tensors")
         meta = self.metas[self._next]
-        got = (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
-        if got != (meta.name, meta.dtype, meta.shape):
+        got = TensorMeta.of(name, tensor.dtype, tensor.shape)
+        if got != meta:
             raise ValueError(f"weight stream: tensor {self._next} is {got}, the plan said {meta}")
 
     def drain(self) -> None:

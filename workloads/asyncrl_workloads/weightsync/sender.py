@@ -159,10 +159,7 @@ class GlooWeightSender(base.WeightSender):
             tensors, metas = named_tensors, named_tensors.metas
         else:
             tensors = [(name, t.detach()) for name, t in named_tensors]
-            metas = tuple(
-                base.TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
-                for name, t in tensors
-            )
+            metas = tuple(base.TensorMeta.of(name, t.dtype, t.shape) for name, t in tensors)
         self._seq += 1
         plan = base.Plan(
             seq=self._seq,
